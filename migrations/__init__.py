@@ -1,0 +1,1 @@
+"""Numbered plain-SQL migrations (``NNNN_name.sql``), shipped as package data."""

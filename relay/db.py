@@ -1,0 +1,100 @@
+"""Opening PostgreSQL connections with errors that are safe to show an operator."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+
+from relay.errors import ConfigError, DatabaseUnavailable
+
+_SCHEMES = frozenset({"postgres", "postgresql"})
+
+# Driver exception → a short cause. Driver text is never shown: it can echo parts of
+# the connection string.
+_CAUSES: Mapping[type[BaseException], str] = {
+    ConnectionRefusedError: "connection refused",
+    socket.gaierror: "host name could not be resolved",
+    TimeoutError: "timed out",
+    ssl.SSLError: "TLS handshake failed",
+}
+
+
+def validate_database_url(url: str | None) -> str | None:
+    """Check the shape of a ``postgresql://`` URL without ever echoing it; None means libpq PG* variables."""
+    if url is None or url == "":
+        return None
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises ValueError on a non-numeric port
+    except ValueError as exc:
+        raise ConfigError("--database-url is not a valid postgresql:// URL") from exc
+    if parts.scheme not in _SCHEMES:
+        raise ConfigError("--database-url must start with postgresql:// or postgres://")
+    if port is not None and not 0 < port < 65536:
+        raise ConfigError("--database-url has a port outside 1-65535")
+    return url
+
+
+def describe_target(url: str | None) -> str:
+    """host:port/database of a URL, without user or password, for messages."""
+    if not url:
+        return "the database named by the PG* environment"
+    parts = urlsplit(url)
+    host = parts.hostname or "localhost"
+    port = parts.port or 5432
+    database = parts.path.lstrip("/") or "(default)"
+    return f"{host}:{port}/{database}"
+
+
+def unavailable_cause(exc: BaseException) -> str:
+    """A short, secret-free description of why a connection failed."""
+    for kind, cause in _CAUSES.items():
+        if isinstance(exc, kind):
+            return cause
+    if isinstance(exc, asyncpg.InvalidPasswordError | asyncpg.InvalidAuthorizationSpecificationError):
+        return "authentication failed"
+    if isinstance(exc, asyncpg.InvalidCatalogNameError):
+        return "database does not exist"
+    if isinstance(exc, asyncpg.TooManyConnectionsError | asyncpg.CannotConnectNowError):
+        return "server is not accepting connections"
+    if isinstance(exc, asyncpg.PostgresError):
+        return f"server refused ({exc.sqlstate})"
+    if isinstance(exc, OSError):
+        return f"network error ({type(exc).__name__})"
+    return type(exc).__name__
+
+
+async def connect(
+    url: str | None, *, timeout: float = 10.0, **kwargs: Any
+) -> asyncpg.Connection:
+    """Open one connection; failures become :class:`DatabaseUnavailable` with a safe message."""
+    try:
+        return await asyncpg.connect(url, timeout=timeout, **kwargs)
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise DatabaseUnavailable(
+            f"cannot connect to {describe_target(url)}: {unavailable_cause(exc)}"
+        ) from exc
+    except ValueError as exc:  # asyncpg's DSN parser
+        raise ConfigError("--database-url could not be parsed") from exc
+
+
+async def create_pool(
+    url: str | None, *, min_size: int = 1, max_size: int = 4, timeout: float = 10.0, **kwargs: Any
+) -> asyncpg.Pool:
+    """Open a pool; failures become :class:`DatabaseUnavailable` with a safe message."""
+    try:
+        pool: asyncpg.Pool = await asyncpg.create_pool(
+            url, min_size=min_size, max_size=max_size, timeout=timeout, **kwargs
+        )
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise DatabaseUnavailable(
+            f"cannot connect to {describe_target(url)}: {unavailable_cause(exc)}"
+        ) from exc
+    except ValueError as exc:
+        raise ConfigError("--database-url could not be parsed") from exc
+    return pool

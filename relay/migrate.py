@@ -1,0 +1,224 @@
+"""Numbered plain-SQL migrations: in order, once, under an advisory lock, checksummed.
+
+A file whose first line is ``-- migrate: no-transaction`` runs statement by statement
+outside a transaction (for ``CREATE INDEX CONCURRENTLY``); every other file runs in one
+transaction together with its record in ``outbox_relay_migration``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import asyncpg
+
+from relay.errors import MigrationError
+
+_FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_NO_TRANSACTION = "-- migrate: no-transaction"
+_CONCURRENT_INDEX = re.compile(
+    r"CREATE\s+INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+([a-z0-9_]+)", re.IGNORECASE
+)
+# A fixed advisory-lock key: "outbox-relay migrate" spelled as a 63-bit integer.
+MIGRATION_LOCK_KEY = 0x6F7574626F786D67
+_LOCK_POLL_SECONDS = 0.2
+
+_CREATE_RECORD = """
+CREATE TABLE IF NOT EXISTS outbox_relay_migration (
+    version    integer     NOT NULL PRIMARY KEY,
+    name       text        NOT NULL,
+    checksum   text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
+)
+"""
+_READ_RECORD = "SELECT version, name, checksum FROM outbox_relay_migration ORDER BY version"
+_RECORD_EXISTS = "SELECT to_regclass('outbox_relay_migration') IS NOT NULL"
+_INSERT_RECORD = "INSERT INTO outbox_relay_migration (version, name, checksum) VALUES ($1, $2, $3)"
+_TRY_LOCK = "SELECT pg_try_advisory_lock($1)"
+_UNLOCK = "SELECT pg_advisory_unlock($1)"
+_INVALID_INDEXES = """
+SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+WHERE NOT i.indisvalid AND c.relname = ANY($1::text[])
+"""
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One migration file."""
+
+    version: int
+    name: str
+    sql: str
+    checksum: str
+
+    @property
+    def transactional(self) -> bool:
+        return not self.sql.lstrip().startswith(_NO_TRANSACTION)
+
+    @property
+    def file_name(self) -> str:
+        return f"{self.version:04d}_{self.name}.sql"
+
+
+@dataclass(frozen=True)
+class MigrationStatus:
+    """What ``migrate --verify`` found."""
+
+    applied: tuple[int, ...]
+    pending: tuple[Migration, ...]
+
+    @property
+    def up_to_date(self) -> bool:
+        return not self.pending
+
+
+def load_migrations(directory: Path | None = None) -> list[Migration]:
+    """Read ``NNNN_name.sql`` files in order; refuse odd names and duplicate prefixes."""
+    files: Iterable[tuple[str, str]]
+    if directory is None:
+        root = resources.files("migrations")
+        files = [(p.name, p.read_text("utf-8")) for p in root.iterdir() if p.name.endswith(".sql")]
+    else:
+        files = [(p.name, p.read_text("utf-8")) for p in directory.glob("*.sql")]
+    by_version: dict[int, Migration] = {}
+    for name, sql in sorted(files):
+        match = _FILE_NAME.match(name)
+        if match is None:
+            raise MigrationError(f"migration file {name!r} is not named NNNN_name.sql")
+        version = int(match.group(1))
+        if version in by_version:
+            raise MigrationError(
+                f"two migration files share the prefix {version:04d}: "
+                f"{by_version[version].file_name} and {name}"
+            )
+        checksum = hashlib.sha256(sql.encode("utf-8")).hexdigest()
+        by_version[version] = Migration(version, match.group(2), sql, checksum)
+    return [by_version[v] for v in sorted(by_version)]
+
+
+def split_statements(sql: str) -> list[str]:
+    """Split a no-transaction file on top-level semicolons (comments and quotes respected)."""
+    statements: list[str] = []
+    current: list[str] = []
+    i, n = 0, len(sql)
+    while i < n:
+        ch = sql[i]
+        if sql.startswith("--", i):
+            end = sql.find("\n", i)
+            i = n if end == -1 else end + 1
+            current.append("\n")
+            continue
+        if ch == "'":
+            end = i + 1
+            while end < n:
+                if sql[end] == "'" and not sql.startswith("''", end):
+                    break
+                end += 2 if sql.startswith("''", end) else 1
+            current.append(sql[i : end + 1])
+            i = end + 1
+            continue
+        if ch == ";":
+            statement = "".join(current).strip()
+            if statement:
+                statements.append(statement)
+            current = []
+        else:
+            current.append(ch)
+        i += 1
+    tail = "".join(current).strip()
+    if tail:
+        statements.append(tail)
+    return statements
+
+
+async def _acquire_lock(conn: asyncpg.Connection, timeout: float) -> None:
+    # Poll instead of blocking in pg_advisory_lock: a waiting statement keeps a
+    # transaction open, and CREATE INDEX CONCURRENTLY in the lock holder would wait
+    # for it — a deadlock between two migrate processes.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await conn.fetchval(_TRY_LOCK, MIGRATION_LOCK_KEY):
+        if loop.time() > deadline:
+            raise MigrationError("another migrate run holds the migration lock; gave up waiting")
+        await asyncio.sleep(_LOCK_POLL_SECONDS)
+
+
+async def _applied(conn: asyncpg.Connection) -> dict[int, tuple[str, str]]:
+    if not await conn.fetchval(_RECORD_EXISTS):
+        return {}
+    return {r["version"]: (r["name"], r["checksum"]) for r in await conn.fetch(_READ_RECORD)}
+
+
+def _check_history(
+    migrations: list[Migration], applied: dict[int, tuple[str, str]]
+) -> list[Migration]:
+    known = {m.version: m for m in migrations}
+    for version, (name, checksum) in sorted(applied.items()):
+        migration = known.get(version)
+        if migration is None:
+            raise MigrationError(
+                f"the database has migration {version:04d}_{name} that this build does not ship"
+            )
+        if migration.checksum != checksum:
+            raise MigrationError(
+                f"migration {migration.file_name} changed after it was applied "
+                "(checksum differs); restore the applied file and add a new migration instead"
+            )
+    return [m for m in migrations if m.version not in applied]
+
+
+async def verify(conn: asyncpg.Connection, migrations: list[Migration]) -> MigrationStatus:
+    """Compare files with the database's record without changing anything."""
+    applied = await _applied(conn)
+    pending = _check_history(migrations, applied)
+    return MigrationStatus(applied=tuple(sorted(applied)), pending=tuple(pending))
+
+
+async def _run_without_transaction(conn: asyncpg.Connection, migration: Migration) -> None:
+    # An interrupted CREATE INDEX CONCURRENTLY leaves an INVALID index that IF NOT
+    # EXISTS would then keep forever: drop such leftovers first.
+    names = _CONCURRENT_INDEX.findall(migration.sql)
+    for row in await conn.fetch(_INVALID_INDEXES, names):
+        await conn.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{row["relname"]}"')
+    for statement in split_statements(migration.sql):
+        await conn.execute(statement)
+    await conn.execute(_INSERT_RECORD, migration.version, migration.name, migration.checksum)
+
+
+async def apply(
+    conn: asyncpg.Connection,
+    migrations: list[Migration],
+    *,
+    lock_timeout: float = 300.0,
+    progress: Callable[[Migration], None] | None = None,
+) -> list[Migration]:
+    """Apply pending migrations in order; returns the ones applied (empty on a second run)."""
+    await _acquire_lock(conn, lock_timeout)
+    try:
+        await conn.execute(_CREATE_RECORD)
+        pending = _check_history(migrations, await _applied(conn))
+        for migration in pending:
+            if progress is not None:
+                progress(migration)
+            try:
+                if migration.transactional:
+                    async with conn.transaction():
+                        await conn.execute(migration.sql)
+                        await conn.execute(
+                            _INSERT_RECORD, migration.version, migration.name, migration.checksum
+                        )
+                else:
+                    await _run_without_transaction(conn, migration)
+            except asyncpg.PostgresError as exc:
+                # The server's message names schema objects, never connection secrets.
+                raise MigrationError(
+                    f"migration {migration.file_name} failed: {exc.sqlstate} {exc.message}"
+                ) from exc
+        return pending
+    finally:
+        await conn.execute(_UNLOCK, MIGRATION_LOCK_KEY)
