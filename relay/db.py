@@ -56,7 +56,9 @@ def unavailable_cause(exc: BaseException) -> str:
     for kind, cause in _CAUSES.items():
         if isinstance(exc, kind):
             return cause
-    if isinstance(exc, asyncpg.InvalidPasswordError | asyncpg.InvalidAuthorizationSpecificationError):
+    if isinstance(
+        exc, asyncpg.InvalidPasswordError | asyncpg.InvalidAuthorizationSpecificationError
+    ):
         return "authentication failed"
     if isinstance(exc, asyncpg.InvalidCatalogNameError):
         return "database does not exist"
@@ -69,9 +71,7 @@ def unavailable_cause(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-async def connect(
-    url: str | None, *, timeout: float = 10.0, **kwargs: Any
-) -> asyncpg.Connection:
+async def connect(url: str | None, *, timeout: float = 10.0, **kwargs: Any) -> asyncpg.Connection:
     """Open one connection; failures become :class:`DatabaseUnavailable` with a safe message."""
     try:
         return await asyncpg.connect(url, timeout=timeout, **kwargs)

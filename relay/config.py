@@ -1,0 +1,128 @@
+"""The relay's configuration: one frozen value built from flags and environment."""
+
+from __future__ import annotations
+
+import re
+import ssl
+import uuid
+from dataclasses import dataclass, field
+
+from relay.errors import ConfigError
+
+DEFAULT_TOPIC_TEMPLATE = "outbox.event.{aggregatetype}"
+_TEMPLATE_FIELDS = re.compile(r"\{([^{}]*)\}")
+_SECURITY_PROTOCOLS = frozenset({"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"})
+_SASL_MECHANISMS = frozenset({"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"})
+
+
+@dataclass(frozen=True)
+class KafkaSecurity:
+    """TLS and SASL settings for the producer; the password is never printed."""
+
+    protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = field(default=None, repr=False)
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.protocol not in _SECURITY_PROTOCOLS:
+            raise ConfigError(
+                f"--kafka-security-protocol must be one of {', '.join(sorted(_SECURITY_PROTOCOLS))}"
+            )
+        if self.protocol.startswith("SASL"):
+            if self.sasl_mechanism not in _SASL_MECHANISMS:
+                raise ConfigError(
+                    f"--kafka-sasl-mechanism must be one of {', '.join(sorted(_SASL_MECHANISMS))}"
+                )
+            if not self.sasl_username or not self.sasl_password:
+                raise ConfigError(
+                    "SASL needs --kafka-sasl-username and a password "
+                    "(KAFKA_SASL_PASSWORD or --kafka-sasl-password-file)"
+                )
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """A verifying TLS context when the protocol uses TLS."""
+        if not self.protocol.endswith("SSL"):
+            return None
+        try:
+            context = ssl.create_default_context(cafile=self.ssl_cafile)
+            if self.ssl_certfile:
+                context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(
+                f"Kafka TLS files could not be loaded ({type(exc).__name__})"
+            ) from exc
+        return context
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    """Everything the relay loop needs; durations in milliseconds."""
+
+    database_url: str | None
+    kafka_bootstrap: str
+    kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
+    topic_template: str = DEFAULT_TOPIC_TEMPLATE
+    ce_source: str = "urn:outbox-relay"
+    instance_id: str = field(default_factory=lambda: f"relay-{uuid.uuid4().hex[:12]}")
+    batch_size: int = 1000
+    max_in_flight_batches: int = 4
+    poll_interval_ms: int = 1000
+    notify: bool = True
+    max_attempts: int = 5
+    retry_base_ms: int = 500
+    retry_cap_ms: int = 60_000
+    lease_ttl_ms: int = 10_000
+    lease_renew_ms: int = 2_000
+    send_timeout_ms: int = 5_000
+    receipt_retention_ms: int = 7 * 24 * 3600 * 1000
+    prune_batch_size: int = 5_000
+    prune_interval_ms: int = 10_000
+    drain_timeout_ms: int = 10_000
+    blocking_transaction_warn_ms: int = 30_000
+    linger_ms: int = 5
+    compression: str | None = None
+
+    def __post_init__(self) -> None:
+        validate_topic_template(self.topic_template)
+        if not self.kafka_bootstrap:
+            raise ConfigError("--kafka-bootstrap (KAFKA_BOOTSTRAP_SERVERS) is required")
+        positive = {
+            "--batch-size": self.batch_size,
+            "--max-in-flight-batches": self.max_in_flight_batches,
+            "--poll-interval-ms": self.poll_interval_ms,
+            "--max-attempts": self.max_attempts,
+            "--retry-base-ms": self.retry_base_ms,
+            "--lease-ttl-ms": self.lease_ttl_ms,
+            "--lease-renew-ms": self.lease_renew_ms,
+            "--send-timeout-ms": self.send_timeout_ms,
+            "--receipt-retention-ms": self.receipt_retention_ms,
+            "--prune-batch-size": self.prune_batch_size,
+            "--drain-timeout-ms": self.drain_timeout_ms,
+        }
+        for flag, value in positive.items():
+            if value <= 0:
+                raise ConfigError(f"{flag} must be a positive integer, got {value}")
+        if self.retry_cap_ms < self.retry_base_ms:
+            raise ConfigError("--retry-cap-ms must be at least --retry-base-ms")
+        # A lane is only published while its lease outlives the slowest send by a margin;
+        # otherwise a new owner could publish the same key while our batch is in flight.
+        if self.lease_renew_ms * 2 + self.send_timeout_ms >= self.lease_ttl_ms:
+            raise ConfigError(
+                "--lease-ttl-ms must exceed 2 x --lease-renew-ms + --send-timeout-ms "
+                f"({self.lease_renew_ms * 2 + self.send_timeout_ms} ms)"
+            )
+        if self.compression not in (None, "gzip", "snappy", "lz4", "zstd"):
+            raise ConfigError("--compression must be one of gzip, snappy, lz4, zstd")
+
+
+def validate_topic_template(template: str) -> None:
+    """Only ``{aggregatetype}`` may be substituted into the topic template."""
+    fields = _TEMPLATE_FIELDS.findall(template)
+    if any(f != "aggregatetype" for f in fields):
+        raise ConfigError("--topic-template may only use the field {aggregatetype}")
+    if not template.replace("{aggregatetype}", "x").strip():
+        raise ConfigError("--topic-template is empty")

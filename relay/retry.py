@@ -1,0 +1,61 @@
+"""Retry decisions: which broker errors are worth retrying and how long to wait. Pure."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from aiokafka import errors as kafka_errors
+
+from relay.records import RecordRejected
+
+
+@dataclass(frozen=True, slots=True)
+class FailureClass:
+    """A stable, secret-free name for a publish failure, and whether waiting can cure it."""
+
+    name: str
+    retriable: bool
+
+
+RECORD_TOO_LARGE = FailureClass("record_too_large", retriable=False)
+AUTHORIZATION = FailureClass("authorization", retriable=False)
+INVALID_TOPIC = FailureClass("invalid_topic", retriable=False)
+INVALID_HEADERS = FailureClass("invalid_headers", retriable=False)
+BROKER_TIMEOUT = FailureClass("broker_timeout", retriable=True)
+BROKER_UNAVAILABLE = FailureClass("broker_unavailable", retriable=True)
+LANE_LOST = FailureClass("lane_lost", retriable=True)
+
+_BY_TYPE: tuple[tuple[type[BaseException], FailureClass], ...] = (
+    (kafka_errors.MessageSizeTooLargeError, RECORD_TOO_LARGE),
+    (kafka_errors.RecordListTooLargeError, RECORD_TOO_LARGE),
+    (kafka_errors.TopicAuthorizationFailedError, AUTHORIZATION),
+    (kafka_errors.ClusterAuthorizationFailedError, AUTHORIZATION),
+    (kafka_errors.TransactionalIdAuthorizationFailed, AUTHORIZATION),
+    (kafka_errors.InvalidTopicError, INVALID_TOPIC),
+    (kafka_errors.KafkaTimeoutError, BROKER_TIMEOUT),
+    (TimeoutError, BROKER_TIMEOUT),
+    (kafka_errors.KafkaConnectionError, BROKER_UNAVAILABLE),
+    (ConnectionError, BROKER_UNAVAILABLE),
+)
+
+
+def classify_failure(exc: BaseException) -> FailureClass:
+    """Retryability is data (the error's type and ``retriable`` flag), never message text."""
+    if isinstance(exc, RecordRejected):
+        return FailureClass(exc.cause, retriable=False)
+    for kind, failure in _BY_TYPE:
+        if isinstance(exc, kind):
+            return failure
+    if isinstance(exc, kafka_errors.KafkaError):
+        name = type(exc).__name__.removesuffix("Error")
+        snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")
+        return FailureClass(snake or "kafka", retriable=bool(exc.retriable))
+    return FailureClass("unexpected", retriable=True)
+
+
+def backoff_ms(attempt: int, *, base_ms: int, cap_ms: int, rng: random.Random | None = None) -> int:
+    """Exponential backoff with full jitter: uniform in [base/2, min(cap, base * 2**attempt)]."""
+    ceiling = min(cap_ms, base_ms * (2 ** min(max(attempt, 0), 30)))
+    floor = min(base_ms // 2, ceiling)
+    return (rng or random).randint(floor, ceiling)

@@ -1,0 +1,81 @@
+"""``outbox-relay run``: the relay and the health sidecar as named tasks in one process.
+
+If either dies the other is stopped and the process exits non-zero with a log line;
+SIGTERM or SIGINT stops claiming work, waits for in-flight acknowledgements (bounded by
+the drain timeout), records them, hands the lanes back and exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Any
+
+import anyio
+from prometheus_client import CollectorRegistry
+
+from relay.config import RelayConfig
+from relay.engine import Relay
+from relay.metrics import RelayMetrics
+
+log = logging.getLogger("outbox_relay")
+
+
+async def run_service(
+    *,
+    database_url: str | None,
+    relay_config: RelayConfig | None,
+    policy: Any,
+    listen: tuple[str, int],
+    receipt_retention_ms: int,
+    demo: dict[str, int] | None = None,
+) -> int:
+    """Run until a signal; returns the process exit code."""
+    from health.sidecar import HealthSidecar
+
+    registry = CollectorRegistry()
+    relay = Relay(relay_config, RelayMetrics.register(registry)) if relay_config else None
+    stop = anyio.Event()
+    sidecar = HealthSidecar(
+        database_url=database_url,
+        policy=policy,
+        listen=listen,
+        registry=registry,
+        relay=relay,
+        receipt_retention_ms=receipt_retention_ms,
+    )
+    async with sidecar, anyio.create_task_group() as tasks:
+        tasks.start_soon(_watch_signals, stop, tasks.cancel_scope, relay is not None)
+        tasks.start_soon(sidecar.run, name="health")
+        if relay is not None:
+            tasks.start_soon(_relay_then_stop, relay, stop, tasks.cancel_scope, name="relay")
+        if demo is not None:
+            from relay.demo import run_demo_workload
+
+            tasks.start_soon(run_demo_workload, database_url, demo, stop, name="demo")
+        log.info(
+            "started",
+            extra={
+                "relay": relay is not None,
+                "listen": f"{listen[0]}:{listen[1]}",
+                "instance_id": relay_config.instance_id if relay_config else None,
+            },
+        )
+    log.info("stopped")
+    return 0
+
+
+async def _relay_then_stop(relay: Relay, stop: anyio.Event, scope: anyio.CancelScope) -> None:
+    await relay.run(stop)
+    scope.cancel()
+
+
+async def _watch_signals(stop: anyio.Event, scope: anyio.CancelScope, draining: bool) -> None:
+    """First signal: stop (the relay drains, then cancels the rest). Second: stop now."""
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("stopping", extra={"signal": signal.Signals(signum).name})
+            if stop.is_set() or not draining:
+                scope.cancel()
+                return
+            stop.set()

@@ -1,0 +1,186 @@
+"""The relay's SQL, as named constants. Values are always bound, never formatted in."""
+
+from __future__ import annotations
+
+LANE_COUNT = 64
+
+# Ready rows of the given lanes in insert order, minus the ones already in flight and
+# minus every row whose key has an earlier row that is backing off or quarantined:
+# a failing event holds back only its own key. Writers of one aggregate serialise on
+# it, so seq order within a key is commit order; rows of other keys that commit late
+# are simply found by a later fetch, because the table itself is the queue.
+FETCH_READY = """
+SELECT o.seq, o.id, o.aggregatetype, o.aggregateid, o.type, o.payload::text, o.tenant_ref,
+       o.schema_version, o.correlation_ref, o.causation_ref, o.traceparent, o.headers::text,
+       o.topic, o.created_at, o.lane, o.attempts
+FROM outbox o
+WHERE o.quarantined_at IS NULL
+  AND o.lane = ANY($1::smallint[])
+  AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= clock_timestamp())
+  AND o.seq <> ALL($2::bigint[])
+  AND NOT EXISTS (
+      SELECT 1 FROM outbox h
+      WHERE h.aggregateid = o.aggregateid
+        AND h.seq < o.seq
+        -- the first arm matches outbox_held_idx, which is empty while all is well
+        AND (h.quarantined_at IS NOT NULL OR h.next_attempt_at IS NOT NULL)
+        AND (h.quarantined_at IS NOT NULL OR h.next_attempt_at > clock_timestamp())
+  )
+ORDER BY o.seq
+LIMIT $3
+"""
+
+# Acknowledged rows leave the hot table and become receipts in one statement, but only
+# for lanes this instance still holds with the fence it fetched them under; a stale
+# owner's acknowledgement changes nothing and the new owner republishes (same id).
+RECORD_PUBLISHED = """
+WITH held AS (
+    SELECT l.lane
+    FROM relay_lane l
+    JOIN unnest($2::smallint[], $3::bigint[]) AS f(lane, fence)
+      ON f.lane = l.lane AND f.fence = l.fence
+    WHERE l.owner_id = $1 AND l.lease_expires_at > clock_timestamp()
+    FOR SHARE OF l
+), acked AS (
+    SELECT * FROM unnest($4::bigint[], $5::text[], $6::int[], $7::bigint[])
+        AS a(seq, topic, kafka_partition, kafka_offset)
+), moved AS (
+    DELETE FROM outbox o
+    USING acked a
+    WHERE o.seq = a.seq AND o.lane IN (SELECT lane FROM held)
+    RETURNING o.id, o.aggregatetype, o.aggregateid, o.type, o.created_at,
+              a.topic, a.kafka_partition, a.kafka_offset
+)
+INSERT INTO outbox_receipt
+    (id, aggregatetype, aggregateid, type, topic, kafka_partition, kafka_offset, created_at)
+SELECT id, aggregatetype, aggregateid, type, topic, kafka_partition, kafka_offset, created_at
+FROM moved
+ON CONFLICT (id) DO UPDATE
+SET topic = EXCLUDED.topic, kafka_partition = EXCLUDED.kafka_partition,
+    kafka_offset = EXCLUDED.kafka_offset, published_at = EXCLUDED.published_at
+"""
+
+# Failed rows: a retriable failure only schedules the next try; a permanent one also
+# spends an attempt and quarantines the row when the budget is used up.
+RECORD_FAILED = """
+WITH held AS (
+    SELECT l.lane
+    FROM relay_lane l
+    JOIN unnest($2::smallint[], $3::bigint[]) AS f(lane, fence)
+      ON f.lane = l.lane AND f.fence = l.fence
+    WHERE l.owner_id = $1 AND l.lease_expires_at > clock_timestamp()
+    FOR SHARE OF l
+), failed AS (
+    SELECT * FROM unnest($4::bigint[], $5::text[], $6::bool[], $7::int[])
+        AS f(seq, error_class, retriable, delay_ms)
+)
+UPDATE outbox o
+SET attempts = o.attempts + CASE WHEN f.retriable THEN 0 ELSE 1 END,
+    last_error_class = f.error_class,
+    next_attempt_at = clock_timestamp() + make_interval(secs => f.delay_ms / 1000.0),
+    quarantined_at = CASE
+        WHEN NOT f.retriable AND o.attempts + 1 >= $8 THEN clock_timestamp()
+    END
+FROM failed f
+WHERE o.seq = f.seq AND o.lane IN (SELECT lane FROM held)
+RETURNING o.seq, o.quarantined_at IS NOT NULL
+"""
+
+HEARTBEAT = """
+INSERT INTO relay_instance AS i (instance_id, last_publish_at, published_total)
+VALUES ($1, $2, $3)
+ON CONFLICT (instance_id) DO UPDATE
+SET heartbeat_at = clock_timestamp(),
+    last_publish_at = COALESCE(EXCLUDED.last_publish_at, i.last_publish_at),
+    published_total = EXCLUDED.published_total
+"""
+
+LIVE_INSTANCES = """
+SELECT count(*) FROM relay_instance
+WHERE heartbeat_at > clock_timestamp() - make_interval(secs => $1 / 1000.0)
+"""
+
+FORGET_DEAD_INSTANCES = """
+DELETE FROM relay_instance
+WHERE heartbeat_at < clock_timestamp() - make_interval(secs => $1 / 1000.0)
+"""
+
+# Extend the leases this instance still holds.
+RENEW_LANES = """
+UPDATE relay_lane
+SET lease_expires_at = clock_timestamp() + make_interval(secs => $2 / 1000.0)
+WHERE owner_id = $1 AND lease_expires_at > clock_timestamp()
+RETURNING lane, fence
+"""
+
+# Take free or expired lanes, up to $3 of them; each change of owner bumps the fence.
+CLAIM_LANES = """
+UPDATE relay_lane l
+SET owner_id = $1,
+    fence = l.fence + 1,
+    lease_expires_at = clock_timestamp() + make_interval(secs => $2 / 1000.0)
+WHERE l.lane IN (
+    SELECT lane FROM relay_lane
+    WHERE owner_id IS NULL OR lease_expires_at <= clock_timestamp()
+    ORDER BY lane
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING l.lane, l.fence
+"""
+
+RELEASE_LANES = """
+UPDATE relay_lane SET owner_id = NULL, lease_expires_at = NULL
+WHERE owner_id = $1 AND lane = ANY($2::smallint[])
+"""
+
+LEAVE = "DELETE FROM relay_instance WHERE instance_id = $1"
+
+PENDING_SUMMARY = """
+SELECT count(*) FILTER (WHERE quarantined_at IS NULL),
+       count(*) FILTER (WHERE quarantined_at IS NOT NULL),
+       extract(epoch FROM clock_timestamp() - min(created_at) FILTER (WHERE quarantined_at IS NULL))
+FROM outbox
+"""
+
+# The oldest open transaction that has written to the outbox: its rows are invisible
+# until it commits, and it holds back vacuum of the rows the relay deletes. Only the
+# pid and the transaction's age are read, never its query text.
+OLDEST_OUTBOX_WRITER = """
+SELECT a.pid, extract(epoch FROM clock_timestamp() - a.xact_start)
+FROM pg_locks l
+JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'relation' AND l.relation = 'outbox'::regclass
+  AND l.mode = 'RowExclusiveLock' AND a.pid <> pg_backend_pid()
+  AND a.xact_start IS NOT NULL
+ORDER BY a.xact_start
+LIMIT 1
+"""
+
+PRUNE_RECEIPTS = """
+DELETE FROM outbox_receipt
+WHERE id IN (
+    SELECT id FROM outbox_receipt
+    WHERE published_at < clock_timestamp() - make_interval(secs => $1 / 1000.0)
+    ORDER BY published_at
+    LIMIT $2
+)
+"""
+
+LISTEN_CHANNEL = "outbox_relay"
+
+REDRIVE = """
+WITH redriven AS (
+    UPDATE outbox
+    SET quarantined_at = NULL, attempts = 0, next_attempt_at = NULL, last_error_class = NULL
+    WHERE quarantined_at IS NOT NULL
+      AND ($1::uuid[] IS NULL OR id = ANY($1::uuid[]))
+      AND ($2::text IS NULL OR aggregatetype = $2)
+      AND ($3::text IS NULL OR type = $3)
+      AND ($4::text IS NULL OR last_error_class = $4)
+    RETURNING 1
+)
+SELECT count(*) FROM redriven
+"""
+
+NOTIFY = "SELECT pg_notify('outbox_relay', '')"

@@ -1,0 +1,84 @@
+"""Delivery and the record format of DESIGN §4, against the real broker."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import asyncpg
+
+from tests.relay.harness import (
+    INSERT,
+    consume,
+    fast_config,
+    running_relay,
+    wait_until,
+)
+
+
+async def test_delivers_every_event_with_the_record_format(
+    db: asyncpg.Connection, database_url: str, kafka_bootstrap: str, topic_namespace: str
+) -> None:
+    trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    event_id = await db.fetchval(
+        """
+        INSERT INTO outbox (aggregatetype, aggregateid, type, payload, traceparent, headers,
+                            tenant_ref, correlation_ref)
+        VALUES ('scoring_job', 'job-7f3a', 'scoring.result.completed',
+                '{"result_ref": "r-1", "score": 0.5}', $1, '{"x-origin": "test"}', 'tn-a', 'c-1')
+        RETURNING id
+        """,
+        trace,
+    )
+    await db.execute(INSERT, "scoring_job", "job-7f3a", "scoring.result.deleted", None)
+    config = fast_config(database_url, kafka_bootstrap, topic_namespace)
+    async with running_relay(config):
+        await wait_until(lambda: _empty(db))
+    topic = f"{topic_namespace}.scoring_job"
+    records = await consume(kafka_bootstrap, [topic], count=2)
+    assert len(records) == 2
+    first, tombstone = sorted(records, key=lambda r: r.offset)
+    assert first.key == b"job-7f3a"
+    # compact JSON, in jsonb's key order
+    assert first.value == b'{"score":0.5,"result_ref":"r-1"}'
+    assert json.loads(first.value) == {"result_ref": "r-1", "score": 0.5}
+    headers = dict(first.headers)
+    assert headers["id"] == str(event_id).encode()
+    assert headers["ce_id"] == str(event_id).encode()
+    assert headers["ce_specversion"] == b"1.0"
+    assert headers["ce_type"] == b"scoring.result.completed"
+    assert headers["ce_source"] == b"urn:outbox-relay"
+    assert headers["content-type"] == b"application/json"
+    assert headers["traceparent"] == trace.encode()
+    assert headers["x-origin"] == b"test"
+    assert headers["tenant_ref"] == b"tn-a"
+    assert headers["correlation_ref"] == b"c-1"
+    assert headers["ce_time"].endswith(b"Z")
+    assert tombstone.key == b"job-7f3a"
+    assert tombstone.value is None
+    assert "content-type" not in dict(tombstone.headers)
+    receipts = await db.fetch("SELECT id, topic, kafka_partition, kafka_offset FROM outbox_receipt")
+    assert {r["id"] for r in receipts} >= {event_id}
+    by_id = {r["id"]: r for r in receipts}
+    assert by_id[event_id]["topic"] == topic
+    assert by_id[event_id]["kafka_partition"] == first.partition
+    assert by_id[event_id]["kafka_offset"] == first.offset
+
+
+async def _empty(db: asyncpg.Connection) -> bool:
+    return await db.fetchval("SELECT count(*) FROM outbox") == 0
+
+
+async def test_row_topic_overrides_the_template(
+    db: asyncpg.Connection, database_url: str, kafka_bootstrap: str, topic_namespace: str
+) -> None:
+    own_topic = f"{topic_namespace}.own-{uuid.uuid4().hex[:6]}"
+    await db.execute(
+        "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, topic) "
+        "VALUES ('a', 'k1', 't', '{}', $1)",
+        own_topic,
+    )
+    async with running_relay(fast_config(database_url, kafka_bootstrap, topic_namespace)):
+        await wait_until(lambda: _empty(db))
+    records = await consume(kafka_bootstrap, [own_topic], count=1)
+    assert [r.key for r in records] == [b"k1"]
