@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -98,3 +99,29 @@ async def create_pool(
     except ValueError as exc:
         raise ConfigError("--database-url could not be parsed") from exc
     return pool
+
+
+# Errors that mean "the database did not do it", to be retried by the loops.
+DB_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
+)
+
+
+@contextlib.asynccontextmanager
+async def pooled(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
+    """A pool connection that is thrown away, not reused, when anything went wrong on it.
+
+    A connection killed or cancelled mid-protocol can come back from the pool in a state
+    where the next query fails; terminating it makes the pool open a fresh one.
+    """
+    async with pool.acquire() as conn:
+        try:
+            yield conn
+        except BaseException:
+            if not conn.is_closed():
+                conn.terminate()
+            raise

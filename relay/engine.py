@@ -26,15 +26,14 @@ from aiokafka import AIOKafkaProducer
 
 from relay import sql
 from relay.config import RelayConfig
-from relay.db import connect, unavailable_cause
+from relay.db import DB_ERRORS as _DB_ERRORS
+from relay.db import connect, pooled, unavailable_cause
 from relay.lanes import LaneKeeper
 from relay.metrics import RelayMetrics
 from relay.records import OutboxRow, RecordRejected, to_record
 from relay.retry import LANE_LOST, FailureClass, backoff_ms, classify_failure
 
 log = logging.getLogger("outbox_relay.relay")
-
-_DB_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)
 
 
 @dataclass
@@ -275,7 +274,7 @@ class Relay:
                 continue
             self._wake.clear()
             try:
-                async with self._pool.acquire() as conn:
+                async with pooled(self._pool) as conn:
                     records = await conn.fetch(
                         sql.FETCH_READY, lanes, list(self._in_flight), config.batch_size
                     )
@@ -388,7 +387,7 @@ class Relay:
         attempt = 0
         while True:
             try:
-                async with self._pool.acquire() as conn, conn.transaction():
+                async with pooled(self._pool) as conn, conn.transaction():
                     if published:
                         status = await conn.execute(
                             sql.RECORD_PUBLISHED,
@@ -464,7 +463,7 @@ class Relay:
         assert self._pool is not None
         config = self.config
         while True:
-            async with self._pool.acquire() as conn:
+            async with pooled(self._pool) as conn:
                 status = await conn.execute(
                     sql.PRUNE_RECEIPTS, config.receipt_retention_ms, config.prune_batch_size
                 )
@@ -477,7 +476,7 @@ class Relay:
 
     async def _observe_round(self) -> None:
         assert self._pool is not None
-        async with self._pool.acquire() as conn:
+        async with pooled(self._pool) as conn:
             pending, quarantined, oldest_age = await conn.fetchrow(sql.PENDING_SUMMARY)
             writer = await conn.fetchrow(sql.OLDEST_OUTBOX_WRITER)
         self.metrics.pending.set(pending)

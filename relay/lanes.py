@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from relay import sql
+from relay.db import pooled
 
 log = logging.getLogger("outbox_relay.lanes")
 
@@ -65,7 +66,7 @@ class LaneKeeper:
     ) -> None:
         """One round: heartbeat, renew, rebalance. Raises on database errors."""
         started = time.monotonic()
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with pooled(self._pool) as conn, conn.transaction():
             await conn.execute(sql.HEARTBEAT, self._instance_id, last_publish_at, published_total)
             renewed = {
                 r["lane"]: r["fence"]
@@ -103,7 +104,7 @@ class LaneKeeper:
 
     async def leave(self) -> None:
         """Give every lane back at once so the others need not wait for expiry."""
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with pooled(self._pool) as conn, conn.transaction():
             await conn.execute(sql.RELEASE_LANES, self._instance_id, list(self.leases.fences))
             await conn.execute(sql.LEAVE, self._instance_id)
         self.leases = LaneLeases()
