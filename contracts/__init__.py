@@ -1,0 +1,1 @@
+"""Types that cross a boundary: event envelope, health evidence and reports, operator policy."""

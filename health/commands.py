@@ -1,0 +1,63 @@
+"""One-shot evaluations for ``outbox-relay check`` and ``outbox-relay status``."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from contracts.health import Classification, HealthReport
+from contracts.policy import Policy
+from health.evaluate import evaluate, unknown_report
+from health.probes import probe_failure
+from health.render import encode_json, health_document, status_table
+from relay import __version__
+
+# monitoring-plugins convention: OK, CRITICAL, UNKNOWN.
+EXIT_CODES = {
+    Classification.WITHIN_BOUNDS: 0,
+    Classification.STALLED: 2,
+    Classification.UNKNOWN: 3,
+}
+
+
+async def evaluate_once(
+    database_url: str | None,
+    policy: Policy,
+    *,
+    receipt_retention_ms: int | None,
+    timeout_s: float | None = None,
+) -> HealthReport:
+    """Connect, evaluate every enabled family, disconnect; an unreachable database is all-unknown."""
+    timeout = timeout_s if timeout_s is not None else policy.evaluation.timeout_ms / 1000
+    try:
+        conn = await asyncpg.connect(
+            database_url,
+            timeout=timeout,
+            command_timeout=timeout,
+            server_settings={
+                "application_name": "outbox-relay-check",
+                "default_transaction_read_only": "on",
+            },
+        )
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, ValueError) as exc:
+        return unknown_report(policy, probe_failure(exc).reason)
+    try:
+        return await evaluate(conn, policy, receipt_retention_ms=receipt_retention_ms)
+    finally:
+        conn.terminate()  # nothing to flush; never wait on a slow server here
+
+
+async def check(
+    database_url: str | None, policy: Policy, *, receipt_retention_ms: int | None
+) -> tuple[str, int]:
+    """The health report as ``application/health+json`` text and the exit code (0/2/3)."""
+    report = await evaluate_once(database_url, policy, receipt_retention_ms=receipt_retention_ms)
+    document = health_document(report, release=__version__)
+    return encode_json(document).decode("utf-8"), EXIT_CODES[report.classification]
+
+
+async def status(
+    database_url: str | None, policy: Policy, *, receipt_retention_ms: int | None
+) -> tuple[str, int]:
+    """A human-readable table of the same evaluation and the same exit code."""
+    report = await evaluate_once(database_url, policy, receipt_retention_ms=receipt_retention_ms)
+    return status_table(report), EXIT_CODES[report.classification]

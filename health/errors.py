@@ -1,0 +1,21 @@
+"""The health package's exceptions; all derive from :class:`HealthError`."""
+
+from __future__ import annotations
+
+from relay.errors import ConfigError, OutboxRelayError
+
+
+class HealthError(OutboxRelayError):
+    """Root of every error the health package raises on purpose."""
+
+
+class ProbeFailure(HealthError):
+    """A probe could not produce evidence; ``reason`` is safe to show (no driver text, no URL)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ListenError(HealthError, ConfigError):
+    """The HTTP listen address could not be bound; the message names the address and cause."""
