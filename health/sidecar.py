@@ -53,6 +53,7 @@ class HealthSidecar:
         registry: CollectorRegistry,
         relay: RelayProbe | None = None,
         receipt_retention_ms: int | None = None,
+        http_io_timeout: float = 2.0,
     ) -> None:
         self._database_url = database_url
         self._policy = policy
@@ -62,7 +63,7 @@ class HealthSidecar:
         settings = policy.evaluation
         self._interval = settings.interval_ms / 1000
         self._timeout = settings.timeout_ms / 1000
-        self._server = HTTPServer(listen, self._handle)
+        self._server = HTTPServer(listen, self._handle, io_timeout=http_io_timeout)
         self._counters = HealthCounters()
         self._collector = HealthCollector(self.report, self._counters, policy.enabled_families())
         self._pool: asyncpg.Pool | None = None
