@@ -365,3 +365,23 @@ async def test_no_identity_leaks_into_any_output(
     assert "health scoring_jobs is stalled" in caplog.text
     for text in outputs:
         assert SECRET_MARK not in text
+
+
+async def test_pool_reconnects_after_its_connections_are_killed(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    async with running(database_url) as sidecar:
+        killed = await db.fetchval(
+            """SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+               WHERE application_name = 'outbox-relay-health' AND datname = current_database()"""
+        )
+        assert killed >= 1
+        # At most the evaluation that meets the dead connection is unknown; then it is back.
+        reports = [await sidecar.next_report() for _ in range(3)]
+        assert reports[-1].classification == "within_bounds"
+        assert all(
+            r.classification == "within_bounds"
+            or r.families[0].reasons == ("database connection failed",)
+            for r in reports
+        )
+        assert (await get(sidecar.address, "/readyz")).status == 200
