@@ -30,7 +30,8 @@ from relay.db import DB_ERRORS as _DB_ERRORS
 from relay.db import connect, pooled, unavailable_cause
 from relay.lanes import LaneKeeper
 from relay.metrics import RelayMetrics
-from relay.records import OutboxRow, RecordRejected, to_record
+from relay.publisher import BatchPublisher, PendingAck
+from relay.records import KafkaRecord, OutboxRow, RecordMapper, RecordRejected
 from relay.retry import LANE_LOST, FailureClass, backoff_ms, classify_failure
 
 log = logging.getLogger("outbox_relay.relay")
@@ -42,9 +43,9 @@ class Batch:
 
     rows: list[OutboxRow]
     fences: dict[int, int]
-    # Per row: the producer's future, the failure found before sending, or None when
-    # the row was held back because an earlier row of its key failed in this batch.
-    outcomes: list[asyncio.Future[Any] | BaseException | None] = field(default_factory=list)
+    # Per row: its place in a submitted batch, the failure found before sending, or None
+    # when the row was held back because an earlier row of its key failed in this batch.
+    outcomes: list[PendingAck | BaseException | None] = field(default_factory=list)
 
 
 @dataclass
@@ -96,9 +97,14 @@ class Relay:
         self.liveness = Liveness()
         self._producer_factory = producer_factory
         self._producer: AIOKafkaProducer | None = None
+        self._publisher: BatchPublisher | None = None
+        self._mapper = RecordMapper(
+            topic_template=config.topic_template, ce_source=config.ce_source
+        )
         self._pool: asyncpg.Pool | None = None
         self._lanes: LaneKeeper | None = None
         self._wake = asyncio.Event()
+        self._drained = asyncio.Event()  # set whenever nothing is in flight
         self._queue: asyncio.Queue[Batch | None] = asyncio.Queue(config.max_in_flight_batches)
         self._in_flight: dict[int, int] = {}  # seq -> lane
         self._held_keys: set[str] = set()
@@ -131,6 +137,7 @@ class Relay:
             self._producer = await self._start_producer(stop)
             if self._producer is None:
                 return
+            self._publisher = BatchPublisher(self._producer)
             async with anyio.create_task_group() as background:
                 background.start_soon(self._loop, "lanes", self._lane_round, config.lease_renew_ms)
                 background.start_soon(self._loop, "observe", self._observe_round, 5_000)
@@ -256,7 +263,7 @@ class Relay:
     def _on_notify(self, *_: object) -> None:
         self._wake.set()
 
-    async def _wait_for_work(self, stop: anyio.Event) -> None:
+    async def _wait_for_work(self) -> None:
         with anyio.move_on_after(self.config.poll_interval_ms / 1000):
             await self._wake.wait()
 
@@ -265,58 +272,71 @@ class Relay:
         assert self._pool is not None and self._lanes is not None
         config = self.config
         margin_s = (config.send_timeout_ms + config.lease_renew_ms) / 1000
+        cursor = 0
         while not stop.is_set():
             self.liveness.tick("fetch")
+            if cursor and not self._in_flight:
+                cursor = 0  # a new pass: pick up whatever the last one stepped over
             lanes = self._lanes.leases.publishable(margin_s)
             if not lanes:
-                await self._wait_for_work(stop)
+                await self._wait_for_work()
                 self._wake.clear()
                 continue
             self._wake.clear()
             try:
                 async with pooled(self._pool) as conn:
                     records = await conn.fetch(
-                        sql.FETCH_READY, lanes, list(self._in_flight), config.batch_size
+                        sql.FETCH_READY,
+                        None if len(lanes) == sql.LANE_COUNT else lanes,
+                        cursor,
+                        config.batch_size,
                     )
             except _DB_ERRORS as exc:
                 log.warning("fetch failed", extra={"cause": unavailable_cause(exc)})
                 await anyio.sleep(backoff_ms(1, base_ms=200, cap_ms=2_000, rng=self._rng) / 1000)
                 continue
+            if records:
+                cursor = records[-1]["seq"]
             rows = [
                 OutboxRow.from_record(r) for r in records if r["aggregateid"] not in self._held_keys
             ]
-            if not rows:
-                if len(records) < config.batch_size:
-                    await self._wait_for_work(stop)
-                continue
-            fences = dict(zip(*self._lanes.leases.fences_for({r.lane for r in rows}), strict=True))
-            batch = await self._send(rows, fences)
-            for row in rows:
-                self._in_flight[row.seq] = row.lane
-            await self._queue.put(batch)
+            if rows:
+                fences = dict(
+                    zip(*self._lanes.leases.fences_for({r.lane for r in rows}), strict=True)
+                )
+                batch = await self._send(rows, fences)
+                for row in rows:
+                    self._in_flight[row.seq] = row.lane
+                await self._queue.put(batch)
+            if len(records) < config.batch_size:
+                # End of this pass. The next one starts from the beginning, which needs
+                # the pipeline empty: wait for that, or for news.
+                await self._wait_for_pass_end()
         await self._queue.put(None)
 
+    async def _wait_for_pass_end(self) -> None:
+        with anyio.move_on_after(self.config.poll_interval_ms / 1000):
+            while self._in_flight:
+                self._drained.clear()
+                await self._drained.wait()
+            if not self._wake.is_set():
+                await self._wake.wait()
+
     async def _send(self, rows: list[OutboxRow], fences: dict[int, int]) -> Batch:
-        assert self._producer is not None
-        batch = Batch(rows=rows, fences=fences)
+        assert self._publisher is not None
+        records: list[KafkaRecord | BaseException | None] = []
         failed_keys: set[str] = set()
         for row in rows:
             if row.aggregateid in failed_keys:
-                batch.outcomes.append(None)  # held back behind its key's failed row
+                records.append(None)  # held back behind its key's failed row
                 continue
             try:
-                record = to_record(
-                    row, topic_template=self.config.topic_template, ce_source=self.config.ce_source
-                )
-                future = await self._producer.send(
-                    record.topic, record.value, key=record.key, headers=record.headers
-                )
-            except (RecordRejected, Exception) as exc:
+                records.append(self._mapper.to_record(row))
+            except RecordRejected as exc:
                 failed_keys.add(row.aggregateid)
-                batch.outcomes.append(exc)
-                continue
-            batch.outcomes.append(future)
-        return batch
+                records.append(exc)
+        outcomes = await self._publisher.submit(records)
+        return Batch(rows=rows, fences=fences, outcomes=outcomes)
 
     # -- acknowledge and record ------------------------------------------------------------
     async def _ack_loop(self) -> None:
@@ -328,23 +348,24 @@ class Relay:
             await self._settle(batch)
 
     async def _settle(self, batch: Batch) -> None:
-        futures = [o for o in batch.outcomes if isinstance(o, asyncio.Future)]
+        futures = {o.future for o in batch.outcomes if isinstance(o, PendingAck)}
         if futures:
             with anyio.move_on_after(2 * self.config.send_timeout_ms / 1000):
                 await asyncio.wait(futures)
-        now = time.time()
-        published: list[tuple[OutboxRow, Any]] = []
+        published: list[tuple[OutboxRow, str, int, int]] = []
         failed: list[tuple[OutboxRow, FailureClass]] = []
         for row, outcome in zip(batch.rows, batch.outcomes, strict=True):
             if outcome is None:
                 continue
-            if isinstance(outcome, asyncio.Future):
-                if not outcome.done() or outcome.cancelled():
+            if isinstance(outcome, PendingAck):
+                future = outcome.future
+                if not future.done() or future.cancelled():
                     failed.append((row, classify_failure(TimeoutError())))
-                elif (exc := outcome.exception()) is not None:
+                elif (exc := future.exception()) is not None:
                     failed.append((row, classify_failure(exc)))
                 else:
-                    published.append((row, outcome.result()))
+                    meta = future.result()
+                    published.append((row, meta.topic, meta.partition, outcome.offset()))
             else:
                 failed.append((row, classify_failure(outcome)))
         for row, _ in failed:
@@ -352,14 +373,18 @@ class Relay:
         await self._record(batch, published, failed)
         for row in batch.rows:
             self._in_flight.pop(row.seq, None)
+        if not self._in_flight:
+            self._drained.set()
         for row, _ in failed:
             self._held_keys.discard(row.aggregateid)
         if published:
+            now_ms = time.time() * 1000
             self._last_publish_at = datetime.now(UTC)
             self._published_total += len(published)
             self.metrics.published.inc(len(published))
-            for row, _ in published:
-                self.metrics.latency.observe(max(0.0, now - row.created_at.timestamp()))
+            self.metrics.latency.observe_many(
+                max(0.0, (now_ms - p[0].created_at_ms) / 1000) for p in published
+            )
         if any(f.retriable for _, f in failed) and not published:
             self._broker_failure_streak += 1
         elif published:
@@ -368,7 +393,7 @@ class Relay:
     async def _record(
         self,
         batch: Batch,
-        published: list[tuple[OutboxRow, Any]],
+        published: list[tuple[OutboxRow, str, int, int]],
         failed: list[tuple[OutboxRow, FailureClass]],
     ) -> None:
         assert self._pool is not None and self._lanes is not None
@@ -388,16 +413,20 @@ class Relay:
         while True:
             try:
                 async with pooled(self._pool) as conn, conn.transaction():
+                    # Losing this commit in a server crash loses only the "published"
+                    # mark, never an event: the rows come back and are published again
+                    # (same id). So the bookkeeping need not wait for its WAL flush.
+                    await conn.execute(sql.ASYNC_COMMIT)
                     if published:
                         status = await conn.execute(
                             sql.RECORD_PUBLISHED,
                             config.instance_id,
                             lanes,
                             fences,
-                            [row.seq for row, _ in published],
-                            [meta.topic for _, meta in published],
-                            [meta.partition for _, meta in published],
-                            [meta.offset for _, meta in published],
+                            [p[0].seq for p in published],
+                            [p[1] for p in published],
+                            [p[2] for p in published],
+                            [p[3] for p in published],
                         )
                         recorded = int(status.rsplit(" ", 1)[-1])
                         if recorded < len(published):

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import re
-import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -26,6 +24,10 @@ RESERVED_HEADERS = frozenset(
 )
 _OPTIONAL_COLUMN_HEADERS = ("tenant_ref", "schema_version", "correlation_ref", "causation_ref")
 _headers_decoder = msgspec.json.Decoder(dict[str, str])
+# Per-record framing in a v2 batch is at most ~21 bytes plus varints; be generous.
+_RECORD_OVERHEAD = 64
+# The producer's default max.request.size; a record above it can never be sent.
+MAX_RECORD_BYTES = 1_048_576
 
 
 class RecordRejected(Exception):
@@ -41,7 +43,7 @@ class OutboxRow:
     """One fetched outbox row; ``payload`` and ``headers`` are jsonb text as stored."""
 
     seq: int
-    id: uuid.UUID
+    id: str
     aggregatetype: str
     aggregateid: str
     type: str
@@ -53,9 +55,10 @@ class OutboxRow:
     traceparent: str | None
     headers: str | None
     topic: str | None
-    created_at: datetime
+    created_at: str  # RFC 3339 in UTC, formatted by PostgreSQL
     lane: int
     attempts: int
+    created_at_ms: int
 
     @classmethod
     def from_record(cls, record: Any) -> OutboxRow:
@@ -72,49 +75,85 @@ class KafkaRecord:
     headers: list[tuple[str, bytes]]
 
 
-def topic_for(row: OutboxRow, template: str) -> str:
-    """The row's own topic, else the template with ``{aggregatetype}`` filled in."""
-    topic = row.topic or template.replace("{aggregatetype}", row.aggregatetype)
-    if not _TOPIC.match(topic) or topic in (".", ".."):
-        raise RecordRejected("invalid_topic", "topic name is not a valid Kafka topic name")
-    return topic
+class RecordMapper:
+    """Maps rows to records for one topic template and CloudEvents source.
+
+    Built once per relay: the source bytes and each validated topic are kept, because
+    this runs for every event on the hot path.
+    """
+
+    def __init__(
+        self, *, topic_template: str, ce_source: str, max_record_bytes: int = MAX_RECORD_BYTES
+    ) -> None:
+        self._template = topic_template
+        self._source = ce_source.encode()
+        self._max_record_bytes = max_record_bytes
+        self._topics: dict[str, str] = {}
+
+    def topic_for(self, row: OutboxRow) -> str:
+        """The row's own topic, else the template with ``{aggregatetype}`` filled in."""
+        wanted = row.topic or self._template.replace("{aggregatetype}", row.aggregatetype)
+        topic = self._topics.get(wanted)
+        if topic is None:
+            if not _TOPIC.match(wanted) or wanted in (".", ".."):
+                raise RecordRejected("invalid_topic", "topic name is not a valid Kafka topic name")
+            if len(self._topics) > 10_000:
+                self._topics.clear()
+            self._topics[wanted] = topic = wanted
+        return topic
+
+    def to_record(self, row: OutboxRow) -> KafkaRecord:
+        """Map a row to its Kafka record or raise :class:`RecordRejected`."""
+        topic = self.topic_for(row)
+        event_id = row.id.encode()
+        key = row.aggregateid.encode()
+        headers: list[tuple[str, bytes]] = [
+            ("id", event_id),
+            ("ce_specversion", b"1.0"),
+            ("ce_id", event_id),
+            ("ce_source", self._source),
+            ("ce_type", row.type.encode()),
+            ("ce_time", row.created_at.encode()),
+        ]
+        value: bytes | None = None
+        if row.payload is not None:
+            # jsonb prints ", " and ": "; consumers get compact JSON.
+            value = msgspec.json.format(row.payload.encode(), indent=-1)
+            headers.append(("content-type", b"application/json"))
+        if row.traceparent is not None:
+            headers.append(("traceparent", row.traceparent.encode()))
+        if row.tenant_ref is not None:
+            headers.append(("tenant_ref", row.tenant_ref.encode()))
+        if row.schema_version is not None:
+            headers.append(("schema_version", row.schema_version.encode()))
+        if row.correlation_ref is not None:
+            headers.append(("correlation_ref", row.correlation_ref.encode()))
+        if row.causation_ref is not None:
+            headers.append(("causation_ref", row.causation_ref.encode()))
+        if row.headers is not None:
+            try:
+                own = _headers_decoder.decode(row.headers)
+            except msgspec.ValidationError as exc:
+                raise RecordRejected(
+                    "invalid_headers", "headers must map strings to strings"
+                ) from exc
+            for name, header_value in own.items():
+                if name in RESERVED_HEADERS or name in _OPTIONAL_COLUMN_HEADERS or not name:
+                    raise RecordRejected("invalid_headers", f"header {name!r} is reserved")
+                headers.append((name, header_value.encode()))
+        record = KafkaRecord(topic=topic, key=key, value=value, headers=headers)
+        # Cheap bound first; the exact sum only near the limit.
+        rough = len(key) + (len(value) if value is not None else 0) + len(row.headers or "") + 1024
+        if rough > self._max_record_bytes and record_size(record) > self._max_record_bytes:
+            raise RecordRejected(
+                "record_too_large", "the record exceeds the producer's request size"
+            )
+        return record
 
 
-def rfc3339(moment: datetime) -> str:
-    """UTC timestamp with microseconds and a Z, as CloudEvents' ce_time expects."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def to_record(row: OutboxRow, *, topic_template: str, ce_source: str) -> KafkaRecord:
-    """Map a row to its Kafka record or raise :class:`RecordRejected`."""
-    topic = topic_for(row, topic_template)
-    event_id = str(row.id).encode()
-    headers: list[tuple[str, bytes]] = [
-        ("id", event_id),
-        ("ce_specversion", b"1.0"),
-        ("ce_id", event_id),
-        ("ce_source", ce_source.encode()),
-        ("ce_type", row.type.encode()),
-        ("ce_time", rfc3339(row.created_at).encode()),
-    ]
-    value: bytes | None = None
-    if row.payload is not None:
-        # jsonb prints ", " and ": "; consumers get compact JSON.
-        value = msgspec.json.format(row.payload.encode(), indent=-1)
-        headers.append(("content-type", b"application/json"))
-    if row.traceparent is not None:
-        headers.append(("traceparent", row.traceparent.encode()))
-    for column in _OPTIONAL_COLUMN_HEADERS:
-        column_value = getattr(row, column)
-        if column_value is not None:
-            headers.append((column, column_value.encode()))
-    if row.headers is not None:
-        try:
-            own = _headers_decoder.decode(row.headers)
-        except msgspec.ValidationError as exc:
-            raise RecordRejected("invalid_headers", "headers must map strings to strings") from exc
-        for name, header_value in own.items():
-            if name in RESERVED_HEADERS or name in _OPTIONAL_COLUMN_HEADERS or not name:
-                raise RecordRejected("invalid_headers", f"header {name!r} is reserved")
-            headers.append((name, header_value.encode()))
-    return KafkaRecord(topic=topic, key=row.aggregateid.encode(), value=value, headers=headers)
+def record_size(record: KafkaRecord) -> int:
+    """An upper bound on the record's size on the wire."""
+    size = len(record.key) + (len(record.value) if record.value is not None else 0)
+    for name, value in record.headers:
+        size += len(name) + len(value) + 10
+    return size + _RECORD_OVERHEAD

@@ -4,27 +4,33 @@ from __future__ import annotations
 
 LANE_COUNT = 64
 
-# Ready rows of the given lanes in insert order, minus the ones already in flight and
-# minus every row whose key has an earlier row that is backing off or quarantined:
-# a failing event holds back only its own key. Writers of one aggregate serialise on
-# it, so seq order within a key is commit order; rows of other keys that commit late
-# are simply found by a later fetch, because the table itself is the queue.
+# Ready rows of the given lanes (NULL: every lane) after a cursor, in insert order,
+# minus every row whose key has an earlier row that failed and is not yet published:
+# a failing event holds back only its own key, until it is published or redriven.
+#
+# The cursor only moves forward within one pass; a pass starts again from the beginning
+# once nothing is in flight. Rows a pass stepped over (a transaction that committed
+# late, a row backing off) are found by the next pass. Writers of one aggregate
+# serialise on it, so within a key seq order is commit order, and a key's later row
+# can never be visible while an earlier one is not.
 FETCH_READY = """
-SELECT o.seq, o.id, o.aggregatetype, o.aggregateid, o.type, o.payload::text, o.tenant_ref,
+SELECT o.seq, o.id::text, o.aggregatetype, o.aggregateid, o.type, o.payload::text, o.tenant_ref,
        o.schema_version, o.correlation_ref, o.causation_ref, o.traceparent, o.headers::text,
-       o.topic, o.created_at, o.lane, o.attempts
+       o.topic,
+       to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+       o.lane, o.attempts,
+       (extract(epoch FROM o.created_at) * 1000)::bigint
 FROM outbox o
 WHERE o.quarantined_at IS NULL
-  AND o.lane = ANY($1::smallint[])
+  AND o.seq > $2
+  AND ($1::smallint[] IS NULL OR o.lane = ANY($1::smallint[]))
   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= clock_timestamp())
-  AND o.seq <> ALL($2::bigint[])
   AND NOT EXISTS (
       SELECT 1 FROM outbox h
       WHERE h.aggregateid = o.aggregateid
         AND h.seq < o.seq
-        -- the first arm matches outbox_held_idx, which is empty while all is well
+        -- exactly outbox_held_idx's predicate; that index is empty while all is well
         AND (h.quarantined_at IS NOT NULL OR h.next_attempt_at IS NOT NULL)
-        AND (h.quarantined_at IS NOT NULL OR h.next_attempt_at > clock_timestamp())
   )
 ORDER BY o.seq
 LIMIT $3
@@ -85,6 +91,8 @@ FROM failed f
 WHERE o.seq = f.seq AND o.lane IN (SELECT lane FROM held)
 RETURNING o.seq, o.quarantined_at IS NOT NULL
 """
+
+ASYNC_COMMIT = "SET LOCAL synchronous_commit = off"
 
 HEARTBEAT = """
 INSERT INTO relay_instance AS i (instance_id, last_publish_at, published_total)

@@ -1,0 +1,47 @@
+"""Benchmarks run against the same real services as the tests, one server only."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+from relay.migrate import apply, load_migrations
+from tests.conftest import with_database
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> str:
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if not bootstrap:
+        pytest.fail("benchmarks need KAFKA_BOOTSTRAP_SERVERS (make bench starts a broker)")
+    return bootstrap
+
+
+@pytest.fixture(scope="session")
+def server_url() -> str:
+    url = os.environ.get("DATABASE_URL_PG18") or os.environ.get("DATABASE_URL")
+    if not url:
+        pytest.fail("benchmarks need DATABASE_URL_PG18 or DATABASE_URL (make bench starts them)")
+    return url
+
+
+@pytest_asyncio.fixture
+async def bench_database(server_url: str) -> AsyncIterator[str]:
+    """A fresh migrated database, dropped afterwards."""
+    name = f"outbox_relay_bench_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(server_url)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    url = with_database(server_url, name)
+    conn = await asyncpg.connect(url)
+    await apply(conn, load_migrations())
+    await conn.close()
+    try:
+        yield url
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()

@@ -1,0 +1,219 @@
+"""Drain rate of a 200,000-event backlog: the relay vs. a raw idempotent aiokafka producer.
+
+DESIGN §10: 1 KiB payloads, 1,000 keys, 6 partitions; the relay must reach ≥ 0.8 x the
+raw producer's rate, both measured in this run on this broker. Also: the drain rate with
+two relay instances against one. Prints ratios; asserts nothing about time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+
+import asyncpg
+import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.partitioner import DefaultPartitioner
+
+from relay.records import OutboxRow, RecordMapper
+from tests.relay.harness import fast_config, running_relay
+
+EVENTS = int(os.environ.get("BENCH_EVENTS", "200000"))
+KEYS = 1000
+PARTITIONS = 6
+PAYLOAD_FILL = "x" * 1000  # with the JSON wrapper: ~1 KiB per value
+
+pytestmark = pytest.mark.bench
+
+FILL_BACKLOG = """
+INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
+SELECT $1, 'key-' || (g % $3), 'bench.event', jsonb_build_object('n', g, 'fill', $4::text)
+FROM generate_series(1, $2) AS g
+"""
+
+
+async def _create_topic(bootstrap: str, topic: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, PARTITIONS, 1)])
+    finally:
+        await admin.close()
+
+
+async def _raw_producer_rate(bootstrap: str, records: list) -> float:
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=5,
+        max_batch_size=256 * 1024,
+    )
+    await producer.start()
+    try:
+        started = time.perf_counter()
+        futures = []
+        for record in records:
+            futures.append(
+                await producer.send(
+                    record.topic, record.value, key=record.key, headers=record.headers
+                )
+            )
+            if len(futures) >= 4000:
+                await asyncio.gather(*futures)
+                futures.clear()
+        await asyncio.gather(*futures)
+        return len(records) / (time.perf_counter() - started)
+    finally:
+        await producer.stop()
+
+
+async def _raw_batch_rate(bootstrap: str, records: list) -> float:
+    """The same producer fed through its batch API, partitioned like Kafka's default."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=5,
+        max_batch_size=256 * 1024,
+    )
+    await producer.start()
+    partitioner = DefaultPartitioner()
+    try:
+        started = time.perf_counter()
+        topic = records[0].topic
+        partitions = sorted(await producer.partitions_for(topic))
+        futures = []
+        builders: dict[int, object] = {}
+        for record in records:
+            partition = partitioner(record.key, partitions, partitions)
+            builder = builders.get(partition) or producer.create_batch()
+            builders[partition] = builder
+            if (
+                builder.append(
+                    timestamp=None, key=record.key, value=record.value, headers=record.headers
+                )
+                is None
+            ):
+                futures.append(await producer.send_batch(builder, topic, partition=partition))
+                builder = producer.create_batch()
+                builders[partition] = builder
+                builder.append(
+                    timestamp=None, key=record.key, value=record.value, headers=record.headers
+                )
+        for partition, builder in builders.items():
+            futures.append(await producer.send_batch(builder, topic, partition=partition))
+        await asyncio.gather(*futures)
+        return len(records) / (time.perf_counter() - started)
+    finally:
+        await producer.stop()
+
+
+async def _fill(database_url: str, aggregatetype: str) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(FILL_BACKLOG, aggregatetype, EVENTS, KEYS, PAYLOAD_FILL)
+        await conn.execute("VACUUM ANALYZE outbox")
+    finally:
+        await conn.close()
+
+
+async def _relay_rate(database_url: str, bootstrap: str, namespace: str, instances: int) -> float:
+    conn = await asyncpg.connect(database_url)
+    configs = [
+        fast_config(database_url, bootstrap, namespace, instance_id=f"bench-{i}", linger_ms=5)
+        for i in range(instances)
+    ]
+    try:
+        started = time.perf_counter()
+        async with contextlib_multi(configs):
+            while await conn.fetchval("SELECT EXISTS (SELECT 1 FROM outbox)"):  # noqa: ASYNC110 - polling the database is the point
+                await asyncio.sleep(0.1)
+            elapsed = time.perf_counter() - started
+        return EVENTS / elapsed
+    finally:
+        await conn.close()
+
+
+class contextlib_multi:
+    def __init__(self, configs: list) -> None:
+        self._managers = [running_relay(c) for c in configs]
+
+    async def __aenter__(self) -> None:
+        for manager in self._managers:
+            await manager.__aenter__()
+
+    async def __aexit__(self, *exc: object) -> None:
+        for manager in reversed(self._managers):
+            await manager.__aexit__(None, None, None)
+
+
+def _same_records(namespace: str) -> list:
+    """The records the relay would send for the backlog, built once in memory."""
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC)
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    rows = [
+        OutboxRow(
+            seq=n,
+            id=str(uuid.uuid4()),
+            aggregatetype="bench",
+            aggregateid=f"key-{n % KEYS}",
+            type="bench.event",
+            payload=f'{{"n": {n}, "fill": "{PAYLOAD_FILL}"}}',
+            tenant_ref=None,
+            schema_version=None,
+            correlation_ref=None,
+            causation_ref=None,
+            traceparent=None,
+            headers=None,
+            topic=None,
+            created_at=stamp,
+            lane=0,
+            attempts=0,
+            created_at_ms=int(now.timestamp() * 1000),
+        )
+        for n in range(1, EVENTS + 1)
+    ]
+    mapper = RecordMapper(
+        topic_template=f"{namespace}.raw.{{aggregatetype}}", ce_source="urn:bench"
+    )
+    return [mapper.to_record(row) for row in rows]
+
+
+async def test_drain_rate_against_raw_producer(bench_database: str, kafka_bootstrap: str) -> None:
+    namespace = f"b{uuid.uuid4().hex[:8]}"
+    await _create_topic(kafka_bootstrap, f"{namespace}.raw.bench")
+    await _create_topic(kafka_bootstrap, f"{namespace}.bench")
+    records = _same_records(namespace)
+    raw = await _raw_producer_rate(kafka_bootstrap, records)
+    raw_batch = await _raw_batch_rate(kafka_bootstrap, records)
+    del records
+    await _fill(bench_database, "bench")
+    relay = await _relay_rate(bench_database, kafka_bootstrap, namespace, instances=1)
+    print(
+        f"\nDRAIN {EVENTS} events, 1 KiB, {KEYS} keys, {PARTITIONS} partitions\n"
+        f"  raw aiokafka idempotent producer, send():       {raw:10.0f} events/s\n"
+        f"  raw aiokafka idempotent producer, send_batch(): {raw_batch:10.0f} events/s\n"
+        f"  relay (1 instance, from PostgreSQL):            {relay:10.0f} events/s\n"
+        f"  ratio relay / raw send():                       {relay / raw:10.2f}  (target >= 0.80)\n"
+        f"  ratio relay / raw send_batch():                 {relay / raw_batch:10.2f}"
+    )
+
+
+async def test_drain_rate_grows_with_instances(bench_database: str, kafka_bootstrap: str) -> None:
+    namespace = f"b{uuid.uuid4().hex[:8]}"
+    await _create_topic(kafka_bootstrap, f"{namespace}.bench")
+    await _fill(bench_database, "bench")
+    one = await _relay_rate(bench_database, kafka_bootstrap, namespace, instances=1)
+    await _fill(bench_database, "bench")
+    two = await _relay_rate(bench_database, kafka_bootstrap, namespace, instances=2)
+    print(
+        f"\nSCALE-OUT {EVENTS} events\n"
+        f"  1 instance:  {one:10.0f} events/s\n"
+        f"  2 instances: {two:10.0f} events/s  (ratio {two / one:.2f})"
+    )
