@@ -105,7 +105,10 @@ class Relay:
         self._lanes: LaneKeeper | None = None
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()  # set whenever nothing is in flight
-        self._queue: asyncio.Queue[Batch | None] = asyncio.Queue(config.max_in_flight_batches)
+        self._queue: asyncio.Queue[Batch | None] = asyncio.Queue()
+        # Batches submitted and not yet recorded, at most this many: a crash can publish
+        # again only what these hold.
+        self._slots = asyncio.Semaphore(config.max_in_flight_batches)
         self._in_flight: dict[int, int] = {}  # seq -> lane
         self._held_keys: set[str] = set()
         self._broker_failure_streak = 0
@@ -283,6 +286,7 @@ class Relay:
                 self._wake.clear()
                 continue
             self._wake.clear()
+            await self._slots.acquire()
             try:
                 async with pooled(self._pool) as conn:
                     records = await conn.fetch(
@@ -292,6 +296,7 @@ class Relay:
                         config.batch_size,
                     )
             except _DB_ERRORS as exc:
+                self._slots.release()
                 log.warning("fetch failed", extra={"cause": unavailable_cause(exc)})
                 await anyio.sleep(backoff_ms(1, base_ms=200, cap_ms=2_000, rng=self._rng) / 1000)
                 continue
@@ -308,6 +313,8 @@ class Relay:
                 for row in rows:
                     self._in_flight[row.seq] = row.lane
                 await self._queue.put(batch)
+            else:
+                self._slots.release()
             if len(records) < config.batch_size:
                 # End of this pass. The next one starts from the beginning, which needs
                 # the pipeline empty: wait for that, or for news.
@@ -345,7 +352,10 @@ class Relay:
             batch = await self._queue.get()
             if batch is None:
                 return
-            await self._settle(batch)
+            try:
+                await self._settle(batch)
+            finally:
+                self._slots.release()
 
     async def _settle(self, batch: Batch) -> None:
         futures = {o.future for o in batch.outcomes if isinstance(o, PendingAck)}
