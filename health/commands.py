@@ -60,4 +60,5 @@ async def status(
 ) -> tuple[str, int]:
     """A human-readable table of the same evaluation and the same exit code."""
     report = await evaluate_once(database_url, policy, receipt_retention_ms=receipt_retention_ms)
-    return status_table(report), EXIT_CODES[report.classification]
+    # No trailing newline: the CLI prints it.
+    return status_table(report).rstrip("\n"), EXIT_CODES[report.classification]
