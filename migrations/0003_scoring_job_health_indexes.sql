@@ -15,9 +15,10 @@ CREATE INDEX CONCURRENTLY IF NOT EXISTS scoring_job_state_leased_expiry_idx
     ON scoring_job_state (active_lease_expires_at_unix_ms)
     WHERE scoring_state = 'leased';
 
--- completion_outbox reads terminal jobs within its look-back window only.
+-- completion_outbox reads terminal jobs within its look-back window only; carrying the
+-- ref makes that scan index-only.
 CREATE INDEX CONCURRENTLY IF NOT EXISTS scoring_job_state_terminal_updated_idx
-    ON scoring_job_state (updated_at)
+    ON scoring_job_state (updated_at) INCLUDE (scoring_job_ref)
     WHERE scoring_state IN ('completed', 'quarantined');
 
 -- Claim-next-due picks the oldest due job by created_at then ref.

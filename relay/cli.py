@@ -226,6 +226,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="scoring jobs to run (OUTBOX_RELAY_DEMO_JOBS; default 2000)",
     )
     demo.add_argument("--workers", type=int, default=None, help="scoring workers (default 4)")
+    demo.add_argument(
+        "--exit-when-done",
+        action="store_true",
+        help="stop once every job is terminal and every event published",
+    )
     return parser
 
 
@@ -350,7 +355,6 @@ async def _redrive(args: argparse.Namespace) -> int:
 
 async def _health_report(args: argparse.Namespace, *, table: bool) -> int:
     from health.commands import check, status
-
     from health.policy import load_policy
 
     policy = load_policy(policy_path(args))
@@ -376,10 +380,19 @@ async def _run(args: argparse.Namespace, *, demo: bool = False) -> int:
     await conn.close()
     demo_options = None
     if demo:
+        from relay.migrate import apply, load_migrations
+
+        conn = await connect(url)
+        try:
+            await apply(conn, load_migrations())
+        finally:
+            await conn.close()
         demo_options = {
             "jobs": args.jobs or _env_int("OUTBOX_RELAY_DEMO_JOBS", 2000),
             "workers": args.workers or 4,
+            "exit_when_done": int(args.exit_when_done),
         }
+        print(f"status page: http://{listen[0]}:{listen[1]}/  (Ctrl-C stops the demo)", flush=True)
     return await run_service(
         database_url=url,
         relay_config=config,

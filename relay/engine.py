@@ -17,7 +17,6 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -113,8 +112,6 @@ class Relay:
         self._held_keys: set[str] = set()
         self._broker_failure_streak = 0
         self._last_lane_tick_ok = 0.0
-        self._last_publish_at: datetime | None = None
-        self._published_total = 0
         self._rng = random.Random()  # noqa: S311 - jitter only
 
     # -- what the health sidecar asks -------------------------------------------------
@@ -215,11 +212,7 @@ class Relay:
     async def _lane_round(self) -> None:
         assert self._lanes is not None
         before = set(self._lanes.leases.fences)
-        await self._lanes.tick(
-            in_flight_lanes=set(self._in_flight.values()),
-            last_publish_at=self._last_publish_at,
-            published_total=self._published_total,
-        )
+        await self._lanes.tick(in_flight_lanes=set(self._in_flight.values()))
         self._last_lane_tick_ok = time.monotonic()
         self.metrics.lanes_owned.set(len(self._lanes.leases.fences))
         if set(self._lanes.leases.fences) - before:
@@ -389,8 +382,6 @@ class Relay:
             self._held_keys.discard(row.aggregateid)
         if published:
             now_ms = time.time() * 1000
-            self._last_publish_at = datetime.now(UTC)
-            self._published_total += len(published)
             self.metrics.published.inc(len(published))
             self.metrics.latency.observe_many(
                 max(0.0, (now_ms - p[0].created_at_ms) / 1000) for p in published
@@ -439,6 +430,8 @@ class Relay:
                             [p[3] for p in published],
                         )
                         recorded = int(status.rsplit(" ", 1)[-1])
+                        if recorded:
+                            await conn.execute(sql.RECORD_PROGRESS, config.instance_id, recorded)
                         if recorded < len(published):
                             self.metrics.fenced.inc(len(published) - recorded)
                             log.warning(

@@ -61,13 +61,11 @@ class LaneKeeper:
         self._ttl_ms = ttl_ms
         self.leases = LaneLeases()
 
-    async def tick(
-        self, *, in_flight_lanes: set[int], last_publish_at: object, published_total: int
-    ) -> None:
+    async def tick(self, *, in_flight_lanes: set[int]) -> None:
         """One round: heartbeat, renew, rebalance. Raises on database errors."""
         started = time.monotonic()
         async with pooled(self._pool) as conn, conn.transaction():
-            await conn.execute(sql.HEARTBEAT, self._instance_id, last_publish_at, published_total)
+            await conn.execute(sql.HEARTBEAT, self._instance_id)
             renewed = {
                 r["lane"]: r["fence"]
                 for r in await conn.fetch(sql.RENEW_LANES, self._instance_id, self._ttl_ms)

@@ -95,12 +95,15 @@ RETURNING o.seq, o.quarantined_at IS NOT NULL
 ASYNC_COMMIT = "SET LOCAL synchronous_commit = off"
 
 HEARTBEAT = """
-INSERT INTO relay_instance AS i (instance_id, last_publish_at, published_total)
-VALUES ($1, $2, $3)
-ON CONFLICT (instance_id) DO UPDATE
-SET heartbeat_at = clock_timestamp(),
-    last_publish_at = COALESCE(EXCLUDED.last_publish_at, i.last_publish_at),
-    published_total = EXCLUDED.published_total
+INSERT INTO relay_instance (instance_id) VALUES ($1)
+ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = clock_timestamp()
+"""
+
+# Progress on the database clock, so the health sidecar compares like with like.
+RECORD_PROGRESS = """
+UPDATE relay_instance
+SET last_publish_at = clock_timestamp(), published_total = published_total + $2
+WHERE instance_id = $1
 """
 
 LIVE_INSTANCES = """

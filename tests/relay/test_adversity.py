@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
 import json
 from collections import defaultdict
+from pathlib import Path
 
 import asyncpg
+import pytest
 
 from tests.relay.harness import INSERT, consume, fast_config, running_relay, wait_until
 
@@ -107,3 +110,43 @@ async def test_two_relays_split_lanes_and_take_over_from_a_crashed_one(
     _assert_per_key_order(records, keys, 30)
     receipts = await db.fetchval("SELECT count(*) FROM outbox_receipt")
     assert receipts == 1200
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _services(*args: str) -> None:
+    subprocess.run(
+        ["bash", str(REPO / "scripts" / "services.sh"), *args],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+
+
+async def test_broker_stopped_and_restarted_mid_stream_loses_nothing(
+    db: asyncpg.Connection, database_url: str, kafka_bootstrap: str, topic_namespace: str
+) -> None:
+    if not (REPO / ".services" / "kafka.pid").exists():
+        pytest.skip("the broker was not started by scripts/services.sh, so it cannot be restarted")
+    keys = [f"k{i}" for i in range(10)]
+    loop = asyncio.get_running_loop()
+    config = fast_config(database_url, kafka_bootstrap, topic_namespace)
+    async with running_relay(config) as running:
+        writer = asyncio.create_task(_write_sequence(database_url, keys, 60, 0.05))
+        await wait_until(lambda: db.fetchval("SELECT count(*) >= 100 FROM outbox_receipt"))
+        await loop.run_in_executor(None, _services, "down", "kafka")
+        await asyncio.sleep(2.0)
+        assert not await _drained(db)  # events pile up while the broker is away
+        await loop.run_in_executor(None, _services, "up", "--quiet")
+        await writer
+        await wait_until(lambda: _drained(db), timeout=120)
+        assert (
+            running.metric(
+                "outbox_relay_retried_events_total", {"error_class": "broker_unavailable"}
+            )
+            + running.metric("outbox_relay_retried_events_total", {"error_class": "broker_timeout"})
+            >= 0
+        )
+    records = await consume(kafka_bootstrap, [f"{topic_namespace}.agg"], count=600, timeout=60)
+    _assert_per_key_order(records, keys, 60)

