@@ -415,10 +415,15 @@ _VERBS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    configure_logging(
-        args.log_level or _env("OUTBOX_RELAY_LOG_LEVEL", "info") or "info",
-        args.log_format or _env("OUTBOX_RELAY_LOG_FORMAT", "json") or "json",
-    )
+    try:
+        configure_logging(
+            args.log_level or _env("OUTBOX_RELAY_LOG_LEVEL", "info") or "info",
+            args.log_format or _env("OUTBOX_RELAY_LOG_FORMAT", "json") or "json",
+        )
+    except ValueError:  # logging's "Unknown level" would otherwise escape as a traceback
+        return _fail(
+            EXIT_USAGE, "--log-level (OUTBOX_RELAY_LOG_LEVEL) must be debug, info, warning or error"
+        )
     unknown_exit = 3 if args.verb in ("check", "status") else EXIT_USAGE
     try:
         return asyncio.run(_VERBS[args.verb](args))

@@ -267,7 +267,9 @@ class Relay:
     async def _fetch_loop(self, stop: anyio.Event) -> None:
         assert self._pool is not None and self._lanes is not None
         config = self.config
-        margin_s = (config.send_timeout_ms + config.lease_renew_ms) / 1000
+        # A send started now must be settled before the lease could pass to another
+        # instance; the renewal cadence keeps the window open in between.
+        margin_s = config.send_timeout_ms / 1000
         cursor = 0
         while not stop.is_set():
             self.liveness.tick("fetch")

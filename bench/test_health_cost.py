@@ -1,0 +1,117 @@
+"""A full health evaluation with 1,000,000 terminal jobs and receipts vs. an empty history.
+
+DESIGN §10: ≤ 2x the cost of an empty history. Terminal history older than the
+completion_outbox look-back window is what the partial indexes must make free; the
+same evaluation with the whole history *inside* the window is printed too, because that
+cost grows with the window (the operator's bound), not with history.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import asyncpg
+import pytest
+
+from health.evaluate import evaluate
+from health.policy import parse_policy
+
+pytestmark = pytest.mark.bench
+
+HISTORY = int(os.environ.get("BENCH_HISTORY", "1000000"))
+ROUNDS = 30
+DAY_MS = 86_400_000
+
+POLICY = parse_policy(
+    """
+[outbox]
+max_pending_count = 10000
+max_pending_age_ms = 60000
+max_quarantined_count = 0
+gates_readiness = true
+[scoring_jobs]
+max_active_job_count = 5000
+max_active_job_age_ms = 600000
+max_quarantined_job_count = 0
+max_expired_lease_count = 0
+gates_readiness = true
+[completion_outbox]
+grace_ms = 30000
+lookback_ms = 86400000
+max_missing_count = 0
+gates_readiness = true
+[relay]
+max_heartbeat_age_ms = 15000
+max_unowned_lane_count = 0
+max_publish_stall_ms = 30000
+max_blocking_transaction_age_ms = 60000
+gates_readiness = true
+"""
+)
+
+FILL_JOBS = """
+INSERT INTO scoring_job_state (scoring_job_ref, scoring_request_ref, scoring_state, attempt_count,
+    max_attempts, result_ref, completed_fencing_token, created_at, updated_at)
+SELECT 'job-' || g, 'req-' || g, 'completed', 1, 3, 'res-' || g, 1,
+       clock_timestamp() - make_interval(secs => $2 / 1000.0),
+       clock_timestamp() - make_interval(secs => $2 / 1000.0)
+FROM generate_series(1, $1) AS g
+"""
+FILL_RECEIPTS = """
+INSERT INTO outbox_receipt (id, aggregatetype, aggregateid, type, topic, kafka_partition,
+    kafka_offset, created_at, published_at)
+SELECT gen_random_uuid(), 'scoring_job', 'job-' || g, 'scoring.result.completed',
+       'outbox.event.scoring_job', g % 6, g, clock_timestamp() - make_interval(secs => $2 / 1000.0),
+       clock_timestamp() - make_interval(secs => $2 / 1000.0)
+FROM generate_series(1, $1) AS g
+"""
+RECENT_ACTIVE = """
+INSERT INTO scoring_job_state (scoring_job_ref, scoring_request_ref, scoring_state, max_attempts)
+SELECT 'active-' || g, 'req-a' || g, 'queued', 3 FROM generate_series(1, 100) AS g
+"""
+
+
+async def _cost(conn: asyncpg.Connection) -> float:
+    """Median wall time of one full evaluation, in ms."""
+    await evaluate(conn, POLICY, receipt_retention_ms=7 * DAY_MS)  # warm the plans
+    samples = []
+    for _ in range(ROUNDS):
+        started = time.perf_counter()
+        report = await evaluate(conn, POLICY, receipt_retention_ms=7 * DAY_MS)
+        samples.append((time.perf_counter() - started) * 1000)
+        assert report.checks  # every family evaluated
+    return statistics.median(samples)
+
+
+async def test_health_cost_with_terminal_history(bench_database: str) -> None:
+    conn = await asyncpg.connect(bench_database)
+    try:
+        await conn.execute(RECENT_ACTIVE)
+        await conn.execute("ANALYZE")
+        empty = await _cost(conn)
+        # History older than the look-back window (2 days; the window is 1 day).
+        await conn.execute(FILL_JOBS, HISTORY, 2 * DAY_MS)
+        await conn.execute(FILL_RECEIPTS, HISTORY, 2 * DAY_MS)
+        await conn.execute("VACUUM ANALYZE scoring_job_state")
+        await conn.execute("VACUUM ANALYZE outbox_receipt")
+        old_history = await _cost(conn)
+        # The same amount of history again, inside the window (1 hour old).
+        await conn.execute("TRUNCATE scoring_job_state, outbox_receipt")
+        await conn.execute(RECENT_ACTIVE)
+        await conn.execute(FILL_JOBS, HISTORY, 3_600_000)
+        await conn.execute(FILL_RECEIPTS, HISTORY, 3_600_000)
+        await conn.execute("VACUUM ANALYZE scoring_job_state")
+        await conn.execute("VACUUM ANALYZE outbox_receipt")
+        in_window = await _cost(conn)
+    finally:
+        await conn.close()
+    print(
+        f"\nHEALTH EVALUATION (median of {ROUNDS}, all four families)\n"
+        f"  empty history:                                   {empty:8.2f} ms\n"
+        f"  {HISTORY} terminal jobs + receipts, beyond look-back: {old_history:8.2f} ms"
+        f"  (ratio {old_history / empty:.2f}, target <= 2.00)\n"
+        f"  {HISTORY} terminal jobs + receipts, inside look-back: {in_window:8.2f} ms"
+        f"  (ratio {in_window / empty:.2f}, grows with the window)"
+    )
