@@ -15,6 +15,7 @@ import anyio
 import asyncpg
 
 from relay.db import connect
+from scoring.errors import ScoringWriteError
 from scoring.worker import claim_next_due, enqueue_job, expire_leases, fail_retryable
 from scoring.writer import EventDetails, complete_job, fail_job_permanently
 
@@ -89,35 +90,42 @@ async def _worker(database_url: str | None, worker_ref: str, run: str, stop: any
                 await anyio.sleep(0.2)
                 continue
             await anyio.sleep(rng.uniform(0.002, 0.03))  # "scoring"
-            roll = rng.random()
-            if roll < 0.90:
-                await complete_job(
-                    conn,
-                    job_ref=job.job_ref,
-                    fencing_token=job.fencing_token,
-                    result_ref=f"result-{job.job_ref}",
-                    payload={"score": round(rng.random(), 4)},
-                    event=event,
-                )
-            elif roll < 0.97:
-                await fail_retryable(
-                    conn,
-                    job_ref=job.job_ref,
-                    fencing_token=job.fencing_token,
-                    cause_code="model_timeout",
-                    retry_delay_ms=500,
-                    event=event,
-                )
-            else:
-                await fail_job_permanently(
-                    conn,
-                    job_ref=job.job_ref,
-                    fencing_token=job.fencing_token,
-                    cause_code="invalid_features",
-                    event=event,
-                )
+            try:
+                await _finish(conn, job.job_ref, job.fencing_token, rng, event)
+            except ScoringWriteError as exc:
+                # The reaper ended our lease first: the job is someone else's now.
+                log.info("demo: outcome refused", extra={"reason": type(exc).__name__})
     finally:
         await conn.close()
+
+
+async def _finish(
+    conn: asyncpg.Connection, job_ref: str, token: int, rng: random.Random, event: EventDetails
+) -> None:
+    """Mostly complete; sometimes a retryable or a permanent failure."""
+    roll = rng.random()
+    if roll < 0.90:
+        await complete_job(
+            conn,
+            job_ref=job_ref,
+            fencing_token=token,
+            result_ref=f"result-{job_ref}",
+            payload={"score": round(rng.random(), 4)},
+            event=event,
+        )
+    elif roll < 0.97:
+        await fail_retryable(
+            conn,
+            job_ref=job_ref,
+            fencing_token=token,
+            cause_code="model_timeout",
+            retry_delay_ms=500,
+            event=event,
+        )
+    else:
+        await fail_job_permanently(
+            conn, job_ref=job_ref, fencing_token=token, cause_code="invalid_features", event=event
+        )
 
 
 async def _dying_worker(database_url: str | None, worker_ref: str) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import subprocess
 import json
+import subprocess
 from collections import defaultdict
 from pathlib import Path
 
