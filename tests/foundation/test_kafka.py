@@ -1,0 +1,70 @@
+"""The real broker: an idempotent ``acks=all`` producer's records come back intact and in order."""
+
+from __future__ import annotations
+
+import time
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+
+async def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics(
+            [NewTopic(name=topic, num_partitions=partitions, replication_factor=1)]
+        )
+    finally:
+        await admin.close()
+
+
+async def test_produce_consume_round_trip(kafka_bootstrap: str, topic_namespace: str) -> None:
+    topic = f"{topic_namespace}.roundtrip"
+    await _create_topic(kafka_bootstrap, topic, partitions=3)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=kafka_bootstrap, enable_idempotence=True, acks="all"
+    )
+    await producer.start()
+    try:
+        sent = []
+        for i in range(5):
+            metadata = await producer.send_and_wait(
+                topic,
+                key=b"job-7f3a",
+                value=f'{{"n":{i}}}'.encode(),
+                headers=[("id", f"event-{i}".encode()), ("ce_specversion", b"1.0")],
+            )
+            sent.append(metadata)
+        tombstone = await producer.send_and_wait(topic, key=b"job-7f3a", value=None)
+    finally:
+        await producer.stop()
+    # One key → one partition, consecutive offsets in send order.
+    partitions = {m.partition for m in [*sent, tombstone]}
+    assert len(partitions) == 1
+    (partition,) = partitions
+    offsets = [m.offset for m in [*sent, tombstone]]
+    assert offsets == list(range(offsets[0], offsets[0] + 6))
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, partition)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        records = []
+        deadline = time.monotonic() + 30
+        while len(records) < 6 and time.monotonic() < deadline:
+            batch = await consumer.getmany(tp, timeout_ms=200)
+            records.extend(batch.get(tp, []))
+    finally:
+        await consumer.stop()
+    assert len(records) == 6
+    assert [r.offset for r in records] == offsets
+    assert all(r.key == b"job-7f3a" for r in records)
+    assert [r.value for r in records[:5]] == [f'{{"n":{i}}}'.encode() for i in range(5)]
+    assert records[5].value is None
+    assert [dict(r.headers)["id"] for r in records[:5]] == [f"event-{i}".encode() for i in range(5)]
+    assert dict(records[0].headers)["ce_specversion"] == b"1.0"

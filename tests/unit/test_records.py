@@ -1,0 +1,265 @@
+"""Outbox row → Kafka record (DESIGN §4), without any service."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+
+from relay.records import (
+    MAX_RECORD_BYTES,
+    RESERVED_HEADERS,
+    KafkaRecord,
+    OutboxRow,
+    RecordMapper,
+    RecordRejected,
+    record_size,
+)
+
+EVENT_ID = "6f1c2a9e-5d0b-4c7e-9a51-1b2c3d4e5f60"
+CREATED_AT = "2026-01-02T03:04:05.678901Z"
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def make_row(**overrides: Any) -> OutboxRow:
+    values: dict[str, Any] = {
+        "seq": 1,
+        "id": EVENT_ID,
+        "aggregatetype": "scoring_job",
+        "aggregateid": "job-7f3a",
+        "type": "scoring.result.completed",
+        "payload": '{"result_ref": "r-1"}',
+        "tenant_ref": None,
+        "schema_version": None,
+        "correlation_ref": None,
+        "causation_ref": None,
+        "traceparent": None,
+        "headers": None,
+        "topic": None,
+        "created_at": CREATED_AT,
+        "lane": 5,
+        "attempts": 0,
+        "created_at_ms": 1_767_323_045_678,
+    }
+    values.update(overrides)
+    return OutboxRow(**values)
+
+
+def mapper(**kwargs: Any) -> RecordMapper:
+    options: dict[str, Any] = {
+        "topic_template": "outbox.event.{aggregatetype}",
+        "ce_source": "urn:test",
+    }
+    options.update(kwargs)
+    return RecordMapper(**options)
+
+
+def headers_of(record: KafkaRecord) -> dict[str, bytes]:
+    names = [name for name, _ in record.headers]
+    assert len(names) == len(set(names)), f"duplicate header in {names}"
+    return dict(record.headers)
+
+
+# -- topic ------------------------------------------------------------------------------------
+def test_default_topic_follows_debezium_routing() -> None:
+    assert mapper().to_record(make_row()).topic == "outbox.event.scoring_job"
+
+
+def test_topic_template_is_filled_with_the_aggregatetype() -> None:
+    m = mapper(topic_template="prod.{aggregatetype}.v1")
+    assert m.to_record(make_row(aggregatetype="order")).topic == "prod.order.v1"
+    assert m.to_record(make_row(aggregatetype="invoice")).topic == "prod.invoice.v1"
+
+
+def test_a_template_without_a_field_is_one_topic_for_all() -> None:
+    m = mapper(topic_template="all-events")
+    assert m.to_record(make_row(aggregatetype="a")).topic == "all-events"
+    assert m.to_record(make_row(aggregatetype="b")).topic == "all-events"
+
+
+def test_the_rows_topic_overrides_the_template() -> None:
+    record = mapper().to_record(make_row(topic="custom.topic-1_x"))
+    assert record.topic == "custom.topic-1_x"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        pytest.param("topic", "has space", id="space"),
+        pytest.param("topic", "bang!", id="bang"),
+        pytest.param("topic", "t" * 250, id="250-chars"),
+        pytest.param("topic", ".", id="dot"),
+        pytest.param("topic", "..", id="dotdot"),
+        pytest.param("topic", "a/b", id="slash"),
+        pytest.param("topic", "tópico", id="non-ascii"),
+        pytest.param("aggregatetype", "scoring job", id="template-yields-space"),
+        pytest.param("aggregatetype", "x" * 240, id="template-yields-too-long"),
+    ],
+)
+def test_invalid_topic_names_are_rejected(field: str, value: str) -> None:
+    with pytest.raises(RecordRejected) as caught:
+        mapper().to_record(make_row(**{field: value}))
+    assert caught.value.cause == "invalid_topic"
+
+
+def test_longest_valid_topic_name_is_accepted() -> None:
+    assert mapper().to_record(make_row(topic="t" * 249)).topic == "t" * 249
+
+
+def test_a_rejected_topic_is_not_remembered_as_valid() -> None:
+    m = mapper()
+    for _ in range(2):
+        with pytest.raises(RecordRejected):
+            m.to_record(make_row(topic="bad topic"))
+
+
+# -- key and value ----------------------------------------------------------------------------
+def test_key_is_the_aggregateid_in_utf8() -> None:
+    assert mapper().to_record(make_row(aggregateid="job-7f3a")).key == b"job-7f3a"
+    assert mapper().to_record(make_row(aggregateid="clé-ü")).key == "clé-ü".encode()
+
+
+def test_value_is_compact_json_from_jsonb_text() -> None:
+    payload = '{"a": 1, "b": [1, 2, {"c": null}], "d": {"e": "f g", "h": true}}'
+    value = mapper().to_record(make_row(payload=payload)).value
+    assert value == b'{"a":1,"b":[1,2,{"c":null}],"d":{"e":"f g","h":true}}'
+    assert json.loads(value) == json.loads(payload)
+
+
+def test_value_preserves_unicode_and_string_contents() -> None:
+    payload = '{"name": "Zoë 日本 🚀", "text": "a, b: c", "esc": "q\\"uote\\n"}'
+    value = mapper().to_record(make_row(payload=payload)).value
+    assert value is not None
+    assert "Zoë 日本 🚀".encode() in value
+    assert b'"a, b: c"' in value  # separators inside strings are data, not layout
+    assert json.loads(value) == {"name": "Zoë 日本 🚀", "text": "a, b: c", "esc": 'q"uote\n'}
+
+
+def test_scalar_payloads_are_valid_json_values() -> None:
+    for payload, expected in (('"text"', b'"text"'), ("42", b"42"), ("[]", b"[]"), ("{}", b"{}")):
+        assert mapper().to_record(make_row(payload=payload)).value == expected
+
+
+def test_null_payload_is_a_tombstone_without_content_type() -> None:
+    record = mapper().to_record(make_row(payload=None))
+    assert record.value is None
+    assert record.key == b"job-7f3a"
+    headers = headers_of(record)
+    assert "content-type" not in headers
+    assert headers["id"] == EVENT_ID.encode()
+
+
+# -- headers ----------------------------------------------------------------------------------
+def test_standard_headers() -> None:
+    headers = headers_of(mapper(ce_source="urn:scoring").to_record(make_row()))
+    assert headers == {
+        "id": EVENT_ID.encode(),
+        "ce_specversion": b"1.0",
+        "ce_id": EVENT_ID.encode(),
+        "ce_source": b"urn:scoring",
+        "ce_type": b"scoring.result.completed",
+        "ce_time": CREATED_AT.encode(),
+        "content-type": b"application/json",
+    }
+
+
+def test_optional_columns_become_headers() -> None:
+    row = make_row(
+        traceparent=TRACEPARENT,
+        tenant_ref="tenant-1",
+        schema_version="2",
+        correlation_ref="corr-1",
+        causation_ref="cause-1",
+    )
+    headers = headers_of(mapper().to_record(row))
+    assert headers["traceparent"] == TRACEPARENT.encode()
+    assert headers["tenant_ref"] == b"tenant-1"
+    assert headers["schema_version"] == b"2"
+    assert headers["correlation_ref"] == b"corr-1"
+    assert headers["causation_ref"] == b"cause-1"
+
+
+def test_absent_optional_columns_add_no_headers() -> None:
+    headers = headers_of(mapper().to_record(make_row()))
+    for name in ("traceparent", "tenant_ref", "schema_version", "correlation_ref"):
+        assert name not in headers
+
+
+def test_the_rows_own_headers_are_appended_in_order() -> None:
+    record = mapper().to_record(make_row(headers='{"x-b": "2", "x-a": "ü", "empty": ""}'))
+    assert record.headers[-3:] == [("x-b", b"2"), ("x-a", "ü".encode()), ("empty", b"")]
+    assert headers_of(record)["id"] == EVENT_ID.encode()
+
+
+@pytest.mark.parametrize(
+    "name",
+    sorted(RESERVED_HEADERS | {"tenant_ref", "schema_version", "correlation_ref", "causation_ref"}),
+)
+def test_reserved_headers_cannot_be_overridden(name: str) -> None:
+    with pytest.raises(RecordRejected) as caught:
+        mapper().to_record(make_row(headers=json.dumps({name: "forged"})))
+    assert caught.value.cause == "invalid_headers"
+
+
+def test_an_empty_header_name_is_rejected() -> None:
+    with pytest.raises(RecordRejected) as caught:
+        mapper().to_record(make_row(headers='{"": "x"}'))
+    assert caught.value.cause == "invalid_headers"
+
+
+@pytest.mark.parametrize(
+    "headers",
+    ['{"x-n": 1}', '{"x-n": null}', '{"x-n": ["a"]}', '{"x-n": {"a": "b"}}', '["a"]', '"a"'],
+)
+def test_non_string_header_values_are_rejected(headers: str) -> None:
+    with pytest.raises(RecordRejected) as caught:
+        mapper().to_record(make_row(headers=headers))
+    assert caught.value.cause == "invalid_headers"
+
+
+def test_record_rejected_carries_a_stable_cause() -> None:
+    error = RecordRejected("invalid_topic", "detail")
+    assert error.cause == "invalid_topic"
+    assert str(error) == "invalid_topic: detail"
+
+
+# -- size -------------------------------------------------------------------------------------
+def test_oversized_payload_is_rejected() -> None:
+    m = mapper(max_record_bytes=2_000)
+    big = json.dumps({"blob": "x" * 3_000})
+    with pytest.raises(RecordRejected) as caught:
+        m.to_record(make_row(payload=big))
+    assert caught.value.cause == "record_too_large"
+
+
+def test_oversized_headers_are_rejected() -> None:
+    m = mapper(max_record_bytes=2_000)
+    with pytest.raises(RecordRejected) as caught:
+        m.to_record(make_row(payload=None, headers=json.dumps({"x-big": "y" * 3_000})))
+    assert caught.value.cause == "record_too_large"
+
+
+def test_a_record_just_under_the_limit_passes_and_its_size_is_bounded() -> None:
+    m = mapper(max_record_bytes=2_000)
+    record = m.to_record(make_row(payload=json.dumps({"blob": "x" * 1_000})))
+    size = record_size(record)
+    assert size <= 2_000
+    # The bound covers key, value and every header.
+    assert size >= len(record.key) + len(record.value or b"") + sum(
+        len(n) + len(v) for n, v in record.headers
+    )
+
+
+def test_default_limit_is_the_producers_request_size() -> None:
+    assert MAX_RECORD_BYTES == 1_048_576
+    payload = json.dumps({"blob": "x" * (MAX_RECORD_BYTES + 1)})
+    with pytest.raises(RecordRejected, match="record_too_large"):
+        mapper().to_record(make_row(payload=payload))
+
+
+def test_from_record_builds_a_row_in_field_order() -> None:
+    row = make_row()
+    values = tuple(getattr(row, f.name) for f in dataclasses.fields(OutboxRow))
+    assert OutboxRow.from_record(values) == row

@@ -1,0 +1,107 @@
+"""Which publish failures are retried, and how long the relay waits. Pure."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+from aiokafka import errors as kafka_errors
+
+from relay.records import RecordRejected
+from relay.retry import FailureClass, backoff_ms, classify_failure
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (kafka_errors.MessageSizeTooLargeError(), FailureClass("record_too_large", False)),
+        (kafka_errors.RecordListTooLargeError(), FailureClass("record_too_large", False)),
+        (kafka_errors.TopicAuthorizationFailedError(), FailureClass("authorization", False)),
+        (kafka_errors.ClusterAuthorizationFailedError(), FailureClass("authorization", False)),
+        (kafka_errors.InvalidTopicError(), FailureClass("invalid_topic", False)),
+        (kafka_errors.KafkaTimeoutError(), FailureClass("broker_timeout", True)),
+        (TimeoutError(), FailureClass("broker_timeout", True)),
+        (kafka_errors.KafkaConnectionError(), FailureClass("broker_unavailable", True)),
+        (ConnectionResetError(), FailureClass("broker_unavailable", True)),
+        (RuntimeError("boom"), FailureClass("unexpected", True)),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else "",
+)
+def test_known_failures(exc: BaseException, expected: FailureClass) -> None:
+    assert classify_failure(exc) == expected
+
+
+@pytest.mark.parametrize("cause", ["invalid_topic", "invalid_headers", "record_too_large"])
+def test_record_rejected_keeps_its_cause_and_is_final(cause: str) -> None:
+    assert classify_failure(RecordRejected(cause, "x")) == FailureClass(cause, retriable=False)
+
+
+def test_other_kafka_errors_get_a_snake_case_name_and_their_retriable_flag() -> None:
+    failure = classify_failure(kafka_errors.NotLeaderForPartitionError())
+    assert failure == FailureClass("not_leader_for_partition", retriable=True)
+    assert kafka_errors.NotLeaderForPartitionError.retriable is True
+    final = classify_failure(kafka_errors.UnsupportedVersionError())
+    assert final == FailureClass("unsupported_version", retriable=False)
+
+
+def test_every_kafka_error_class_maps_to_a_stable_snake_case_name() -> None:
+    snake = re.compile(r"^[a-z][a-z0-9_]*$")
+    for kind in vars(kafka_errors).values():
+        if not (isinstance(kind, type) and issubclass(kind, kafka_errors.KafkaError)):
+            continue
+        try:
+            exc = kind()
+        except TypeError:
+            continue  # needs constructor arguments; not raised bare by the producer
+        failure = classify_failure(exc)
+        assert snake.match(failure.name), (kind.__name__, failure.name)
+        assert failure.retriable in (True, False)
+
+
+def test_message_text_does_not_change_the_class() -> None:
+    a = classify_failure(kafka_errors.KafkaConnectionError("password=hunter2 at host"))
+    b = classify_failure(kafka_errors.KafkaConnectionError())
+    assert a == b
+    assert "hunter2" not in a.name
+
+
+# -- backoff ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(("base", "cap"), [(500, 60_000), (100, 1_000), (1, 1), (7, 5_000)])
+def test_backoff_stays_within_its_bounds(base: int, cap: int) -> None:
+    rng = random.Random(20260101)
+    for attempt in range(0, 80):
+        ceiling = min(cap, base * 2**attempt)
+        for _ in range(25):
+            wait = backoff_ms(attempt, base_ms=base, cap_ms=cap, rng=rng)
+            assert min(base // 2, ceiling) <= wait <= ceiling, (attempt, wait)
+            assert wait <= cap
+
+
+def test_backoff_grows_then_saturates_at_the_cap() -> None:
+    rng = random.Random(1)
+    first = [backoff_ms(0, base_ms=500, cap_ms=60_000, rng=rng) for _ in range(200)]
+    late = [backoff_ms(20, base_ms=500, cap_ms=60_000, rng=rng) for _ in range(200)]
+    assert max(first) <= 500
+    assert max(late) <= 60_000
+    assert max(late) > 30_000  # jitter spreads over the whole capped range
+    assert min(late) >= 250
+
+
+def test_backoff_is_jittered_and_reproducible_with_a_seed() -> None:
+    a = [backoff_ms(5, base_ms=100, cap_ms=10_000, rng=random.Random(7)) for _ in range(3)]
+    assert len(set(a)) == 1  # the same seed, the same wait
+    rng = random.Random(7)
+    spread = {backoff_ms(5, base_ms=100, cap_ms=10_000, rng=rng) for _ in range(50)}
+    assert len(spread) > 10
+
+
+def test_backoff_handles_odd_attempt_numbers() -> None:
+    rng = random.Random(3)
+    assert 250 <= backoff_ms(-3, base_ms=500, cap_ms=60_000, rng=rng) <= 500
+    assert 250 <= backoff_ms(10**9, base_ms=500, cap_ms=60_000, rng=rng) <= 60_000
+
+
+def test_backoff_without_an_rng_uses_the_module_random() -> None:
+    for attempt in range(10):
+        assert 50 <= backoff_ms(attempt, base_ms=100, cap_ms=2_000) <= 2_000
