@@ -62,7 +62,7 @@ class KafkaSecurity:
 class RelayConfig:
     """Everything the relay loop needs; durations in milliseconds."""
 
-    database_url: str | None
+    database_url: str | None = field(repr=False)  # may carry a password
     kafka_bootstrap: str
     kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
     topic_template: str = DEFAULT_TOPIC_TEMPLATE

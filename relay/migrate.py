@@ -101,26 +101,47 @@ def load_migrations(directory: Path | None = None) -> list[Migration]:
     return [by_version[v] for v in sorted(by_version)]
 
 
+_DOLLAR_TAG = re.compile(r"\$[A-Za-z_][A-Za-z0-9_]*\$|\$\$")
+
+
 def split_statements(sql: str) -> list[str]:
-    """Split a no-transaction file on top-level semicolons (comments and quotes respected)."""
+    """Split a no-transaction file on top-level semicolons.
+
+    Line and block comments, single- and double-quoted text and dollar-quoted bodies are
+    kept whole, so a semicolon inside any of them does not end a statement.
+    """
     statements: list[str] = []
     current: list[str] = []
     i, n = 0, len(sql)
     while i < n:
-        ch = sql[i]
         if sql.startswith("--", i):
             end = sql.find("\n", i)
             i = n if end == -1 else end + 1
             current.append("\n")
             continue
-        if ch == "'":
+        if sql.startswith("/*", i):
+            end = sql.find("*/", i + 2)
+            i = n if end == -1 else end + 2
+            current.append(" ")
+            continue
+        ch = sql[i]
+        if ch in "'\"":
             end = i + 1
             while end < n:
-                if sql[end] == "'" and not sql.startswith("''", end):
+                if sql[end] == ch:
+                    if sql.startswith(ch * 2, end):
+                        end += 2  # a doubled quote is the quote character itself
+                        continue
                     break
-                end += 2 if sql.startswith("''", end) else 1
+                end += 1
             current.append(sql[i : end + 1])
             i = end + 1
+            continue
+        if ch == "$" and (tag := _DOLLAR_TAG.match(sql, i)) is not None:
+            close = sql.find(tag.group(0), tag.end())
+            end = n if close == -1 else close + len(tag.group(0))
+            current.append(sql[i:end])
+            i = end
             continue
         if ch == ";":
             statement = "".join(current).strip()

@@ -1,0 +1,94 @@
+"""Relay memory on a 1,000,000-event backlog (DESIGN §10: ≤ 200 MB RSS).
+
+``outbox-relay run`` drains the backlog in its own process while its resident set size is
+sampled from /proc; the peak is printed. Memory is bounded by design: one fetch of
+``--batch-size`` rows and at most ``--max-in-flight-batches`` batches are held at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import asyncpg
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from bench.test_drain import FILL_BACKLOG, KEYS, PARTITIONS, PAYLOAD_FILL
+
+pytestmark = pytest.mark.bench
+
+BACKLOG = int(os.environ.get("BENCH_BACKLOG", "1000000"))
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def test_relay_memory_on_a_large_backlog(
+    bench_database: str, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    namespace = f"m{uuid.uuid4().hex[:8]}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(f"{namespace}.bench", PARTITIONS, 1)])
+    finally:
+        await admin.close()
+    conn = await asyncpg.connect(bench_database)
+    started = time.perf_counter()
+    for offset in range(0, BACKLOG, 100_000):
+        await conn.execute(
+            FILL_BACKLOG, "bench", min(100_000, BACKLOG - offset), KEYS, PAYLOAD_FILL
+        )
+    await conn.execute("VACUUM ANALYZE outbox")
+    fill_s = time.perf_counter() - started
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        "[outbox]\nenabled = false\n[scoring_jobs]\nenabled = false\n"
+        "[completion_outbox]\nenabled = false\n[relay]\nenabled = false\n"
+    )
+    env = {
+        **os.environ,
+        "DATABASE_URL": bench_database,
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "OUTBOX_RELAY_POLICY": str(policy),
+        "OUTBOX_RELAY_TOPIC_TEMPLATE": f"{namespace}.{{aggregatetype}}",
+        "HEALTH_LISTEN_ADDR": "127.0.0.1:0",
+    }
+    relay = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "relay.cli",
+        "run",
+        env=env,
+        cwd=REPO,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    peak = 0.0
+    drain_started = time.perf_counter()
+    try:
+        while await conn.fetchval("SELECT EXISTS (SELECT 1 FROM outbox)"):
+            peak = max(peak, _rss_mb(relay.pid))
+            await asyncio.sleep(0.25)
+        drain_s = time.perf_counter() - drain_started
+        peak = max(peak, _rss_mb(relay.pid))
+    finally:
+        relay.terminate()
+        await relay.wait()
+        await conn.close()
+    print(
+        f"\nMEMORY {BACKLOG} events of 1 KiB (backlog filled in {fill_s:.0f} s)\n"
+        f"  drained in {drain_s:.0f} s ({BACKLOG / drain_s:.0f} events/s)\n"
+        f"  peak relay RSS: {peak:.0f} MB (target <= 200 MB)"
+    )
