@@ -35,9 +35,7 @@ def docker_engine_available() -> bool:
     if shutil.which("docker") is None:
         return False
     try:
-        done = subprocess.run(
-            ["docker", "info"], capture_output=True, timeout=10, check=False
-        )
+        done = subprocess.run(["docker", "info"], capture_output=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return done.returncode == 0
