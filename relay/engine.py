@@ -15,6 +15,7 @@ import asyncio
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +32,7 @@ from relay.lanes import LaneKeeper
 from relay.metrics import RelayMetrics
 from relay.publisher import BatchPublisher, PendingAck
 from relay.records import KafkaRecord, OutboxRow, RecordMapper, RecordRejected
-from relay.retry import LANE_LOST, FailureClass, backoff_ms, classify_failure
+from relay.retry import LANE_LOST, PRODUCER_STATE, FailureClass, backoff_ms, classify_failure
 
 log = logging.getLogger("outbox_relay.relay")
 
@@ -111,6 +112,7 @@ class Relay:
         self._in_flight: dict[int, int] = {}  # seq -> lane
         self._held_keys: set[str] = set()
         self._broker_failure_streak = 0
+        self._producer_broken = False  # set on a sequence error: replace the producer
         self._last_lane_tick_ok = 0.0
         self._rng = random.Random()  # noqa: S311 - jitter only
 
@@ -275,6 +277,9 @@ class Relay:
             self.liveness.tick("fetch")
             if cursor and not self._in_flight:
                 cursor = 0  # a new pass: pick up whatever the last one stepped over
+            if self._producer_broken:
+                await self._replace_producer(stop)
+                continue
             lanes = self._lanes.leases.publishable(margin_s)
             if not lanes:
                 await self._wait_for_work()
@@ -315,6 +320,23 @@ class Relay:
                 # the pipeline empty: wait for that, or for news.
                 await self._wait_for_pass_end()
         await self._queue.put(None)
+
+    async def _replace_producer(self, stop: anyio.Event) -> None:
+        """Start a new producer (new producer id, fresh sequences) once nothing is in flight."""
+        while self._in_flight:
+            self._drained.clear()
+            await self._drained.wait()
+        log.warning("replacing the Kafka producer after a sequence error")
+        old = self._producer
+        self._producer = None
+        if old is not None:
+            with anyio.CancelScope(shield=True):
+                await old.stop()
+        producer = await self._start_producer(stop)
+        if producer is not None:
+            self._producer = producer
+            self._publisher = BatchPublisher(producer)
+        self._producer_broken = False
 
     async def _wait_for_pass_end(self) -> None:
         with anyio.move_on_after(self.config.poll_interval_ms / 1000):
@@ -373,8 +395,10 @@ class Relay:
                     published.append((row, meta.topic, meta.partition, outcome.offset()))
             else:
                 failed.append((row, classify_failure(outcome)))
-        for row, _ in failed:
+        for row, failure in failed:
             self._held_keys.add(row.aggregateid)
+            if failure is PRODUCER_STATE:
+                self._producer_broken = True
         await self._record(batch, published, failed)
         for row in batch.rows:
             self._in_flight.pop(row.seq, None)
@@ -472,19 +496,19 @@ class Relay:
     def _count_failures(
         self, failed: list[tuple[OutboxRow, FailureClass]], rows: list[Any]
     ) -> None:
-        for row, failure in failed:
-            if failure is LANE_LOST:
-                continue
+        by_class = Counter(failure for _, failure in failed if failure is not LANE_LOST)
+        for failure, count in by_class.items():
             if failure.retriable:
-                self.metrics.retries.labels(failure.name).inc()
+                self.metrics.retries.labels(failure.name).inc(count)
             else:
-                self.metrics.failures.labels(failure.name).inc()
+                self.metrics.failures.labels(failure.name).inc(count)
+            # One line per batch and cause, not per event.
             log.warning(
                 "publish failed",
                 extra={
                     "error_class": failure.name,
                     "retriable": failure.retriable,
-                    "attempts": row.attempts + (0 if failure.retriable else 1),
+                    "events": count,
                 },
             )
         quarantined = sum(1 for r in rows if r[1])

@@ -25,6 +25,10 @@ INVALID_HEADERS = FailureClass("invalid_headers", retriable=False)
 BROKER_TIMEOUT = FailureClass("broker_timeout", retriable=True)
 BROKER_UNAVAILABLE = FailureClass("broker_unavailable", retriable=True)
 LANE_LOST = FailureClass("lane_lost", retriable=True)
+# The idempotent producer's sequence state no longer matches the broker's (typically
+# after a broker restart lost in-flight batches). Nothing is wrong with the events:
+# retry them, on a fresh producer.
+PRODUCER_STATE = FailureClass("producer_state", retriable=True)
 
 _BY_TYPE: tuple[tuple[type[BaseException], FailureClass], ...] = (
     (kafka_errors.MessageSizeTooLargeError, RECORD_TOO_LARGE),
@@ -33,6 +37,10 @@ _BY_TYPE: tuple[tuple[type[BaseException], FailureClass], ...] = (
     (kafka_errors.ClusterAuthorizationFailedError, AUTHORIZATION),
     (kafka_errors.TransactionalIdAuthorizationFailed, AUTHORIZATION),
     (kafka_errors.InvalidTopicError, INVALID_TOPIC),
+    (kafka_errors.OutOfOrderSequenceNumber, PRODUCER_STATE),
+    (kafka_errors.UnknownProducerId, PRODUCER_STATE),
+    (kafka_errors.InvalidProducerEpoch, PRODUCER_STATE),
+    (kafka_errors.InvalidProducerIdMapping, PRODUCER_STATE),
     (kafka_errors.KafkaTimeoutError, BROKER_TIMEOUT),
     (TimeoutError, BROKER_TIMEOUT),
     (kafka_errors.KafkaConnectionError, BROKER_UNAVAILABLE),

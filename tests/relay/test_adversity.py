@@ -141,12 +141,18 @@ async def test_broker_stopped_and_restarted_mid_stream_loses_nothing(
         await loop.run_in_executor(None, _services, "up", "--quiet")
         await writer
         await wait_until(lambda: _drained(db), timeout=120)
-        assert (
-            running.metric(
-                "outbox_relay_retried_events_total", {"error_class": "broker_unavailable"}
-            )
-            + running.metric("outbox_relay_retried_events_total", {"error_class": "broker_timeout"})
-            >= 0
+        # The outage was ridden out by retries that spent no attempts: nothing quarantined.
+        retried = sum(
+            sample.value
+            for family in running.registry.collect()
+            if family.name == "outbox_relay_retried_events"
+            for sample in family.samples
+            if sample.name.endswith("_total")
         )
+        assert retried > 0
+        quarantined = await db.fetchval(
+            "SELECT count(*) FROM outbox WHERE quarantined_at IS NOT NULL"
+        )
+        assert quarantined == 0
     records = await consume(kafka_bootstrap, [f"{topic_namespace}.agg"], count=600, timeout=60)
     _assert_per_key_order(records, keys, 60)

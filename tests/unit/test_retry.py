@@ -9,7 +9,7 @@ import pytest
 from aiokafka import errors as kafka_errors
 
 from relay.records import RecordRejected
-from relay.retry import FailureClass, backoff_ms, classify_failure
+from relay.retry import PRODUCER_STATE, FailureClass, backoff_ms, classify_failure
 
 
 @pytest.mark.parametrize(
@@ -105,3 +105,17 @@ def test_backoff_handles_odd_attempt_numbers() -> None:
 def test_backoff_without_an_rng_uses_the_module_random() -> None:
     for attempt in range(10):
         assert 50 <= backoff_ms(attempt, base_ms=100, cap_ms=2_000) <= 2_000
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        kafka_errors.OutOfOrderSequenceNumber,
+        kafka_errors.UnknownProducerId,
+        kafka_errors.InvalidProducerEpoch,
+    ],
+)
+def test_producer_sequence_errors_are_retried_on_a_fresh_producer(error: type[Exception]) -> None:
+    failure = classify_failure(error())
+    assert failure is PRODUCER_STATE
+    assert failure.retriable
