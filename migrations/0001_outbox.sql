@@ -60,6 +60,8 @@ CREATE INDEX outbox_scoring_job_idx ON outbox (aggregateid) WHERE aggregatetype 
 ALTER TABLE outbox SET (
     autovacuum_vacuum_scale_factor = 0.0,
     autovacuum_vacuum_threshold = 5000,
+    autovacuum_analyze_scale_factor = 0.0,
+    autovacuum_analyze_threshold = 5000,
     autovacuum_vacuum_insert_scale_factor = 0.0,
     autovacuum_vacuum_insert_threshold = 10000,
     fillfactor = 90

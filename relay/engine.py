@@ -12,13 +12,14 @@ Loops (each a named task; one dying stops the service):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import asyncpg
@@ -27,14 +28,16 @@ from aiokafka import AIOKafkaProducer
 from relay import sql
 from relay.config import RelayConfig
 from relay.db import DB_ERRORS as _DB_ERRORS
-from relay.db import connect, pooled, unavailable_cause
+from relay.db import connect, create_pool, pooled, unavailable_cause
 from relay.lanes import LaneKeeper
 from relay.metrics import RelayMetrics
-from relay.publisher import BatchPublisher, PendingAck
+from relay.publisher import BatchPublisher, Submission
 from relay.records import KafkaRecord, OutboxRow, RecordMapper, RecordRejected
 from relay.retry import LANE_LOST, PRODUCER_STATE, FailureClass, backoff_ms, classify_failure
 
 log = logging.getLogger("outbox_relay.relay")
+
+_CONCURRENT_RECORDS = 2
 
 
 @dataclass
@@ -43,9 +46,18 @@ class Batch:
 
     rows: list[OutboxRow]
     fences: dict[int, int]
-    # Per row: its place in a submitted batch, the failure found before sending, or None
-    # when the row was held back because an earlier row of its key failed in this batch.
-    outcomes: list[PendingAck | BaseException | None] = field(default_factory=list)
+    # Rows not in any submitted batch are either failures found before sending or held
+    # back because an earlier row of their key failed in this batch.
+    submission: Submission
+
+
+class PublishedGroup(NamedTuple):
+    """Rows the broker acknowledged in one partition batch, at base_offset, +1, +2, …"""
+
+    topic: str
+    partition: int
+    base_offset: int
+    rows: list[OutboxRow]
 
 
 @dataclass
@@ -110,7 +122,7 @@ class Relay:
         # again only what these hold.
         self._slots = asyncio.Semaphore(config.max_in_flight_batches)
         self._in_flight: dict[int, int] = {}  # seq -> lane
-        self._held_keys: set[str] = set()
+        self._held_keys: Counter[str] = Counter()
         self._broker_failure_streak = 0
         self._producer_broken = False  # set on a sequence error: replace the producer
         self._last_lane_tick_ok = 0.0
@@ -267,59 +279,92 @@ class Relay:
 
     # -- fetch and send ---------------------------------------------------------------------
     async def _fetch_loop(self, stop: anyio.Event) -> None:
-        assert self._pool is not None and self._lanes is not None
+        assert self._lanes is not None
         config = self.config
         # A send started now must be settled before the lease could pass to another
         # instance; the renewal cadence keeps the window open in between.
         margin_s = config.send_timeout_ms / 1000
         cursor = 0
-        while not stop.is_set():
-            self.liveness.tick("fetch")
-            if cursor and not self._in_flight:
-                cursor = 0  # a new pass: pick up whatever the last one stepped over
-            if self._producer_broken:
-                await self._replace_producer(stop)
-                continue
-            lanes = self._lanes.leases.publishable(margin_s)
-            if not lanes:
-                await self._wait_for_work()
-                self._wake.clear()
-                continue
-            self._wake.clear()
-            await self._slots.acquire()
-            try:
-                async with pooled(self._pool) as conn:
-                    records = await conn.fetch(
-                        sql.FETCH_READY,
-                        None if len(lanes) == sql.LANE_COUNT else lanes,
-                        cursor,
-                        config.batch_size,
+        # While a full batch is mapped and handed to the producer, the database already
+        # reads the next one. A prefetch holds an in-flight slot of its own.
+        prefetch: asyncio.Task[list[Any]] | None = None
+        try:
+            while not stop.is_set():
+                self.liveness.tick("fetch")
+                if prefetch is None:
+                    if cursor and not self._in_flight:
+                        cursor = 0  # a new pass: pick up whatever the last one stepped over
+                    if self._producer_broken:
+                        await self._replace_producer(stop)
+                        continue
+                    lanes = self._lanes.leases.publishable(margin_s)
+                    if not lanes:
+                        await self._wait_for_work()
+                        self._wake.clear()
+                        continue
+                    self._wake.clear()
+                    await self._slots.acquire()
+                    fetching: Awaitable[list[Any]] = self._fetch(lanes, cursor)
+                else:
+                    fetching, prefetch = prefetch, None
+                try:
+                    records = await fetching
+                except _DB_ERRORS as exc:
+                    self._slots.release()
+                    log.warning("fetch failed", extra={"cause": unavailable_cause(exc)})
+                    await anyio.sleep(
+                        backoff_ms(1, base_ms=200, cap_ms=2_000, rng=self._rng) / 1000
                     )
-            except _DB_ERRORS as exc:
+                    continue
+                full = len(records) == config.batch_size
+                if records:
+                    cursor = records[-1]["seq"]
+                lanes = self._lanes.leases.publishable(margin_s)
+                if full and lanes and not self._producer_broken and not self._slots.locked():
+                    await self._slots.acquire()
+                    prefetch = asyncio.create_task(self._fetch(lanes, cursor))
+                # Lanes may have been handed back meanwhile, and keys held back by a
+                # failure this relay has not recorded yet are skipped: the next pass
+                # finds those rows again.
+                publishable = set(lanes)
+                held = self._held_keys
+                rows = [
+                    OutboxRow.from_record(r)
+                    for r in records
+                    if r["lane"] in publishable and r["aggregateid"] not in held
+                ]
+                if rows:
+                    fences = dict(
+                        zip(*self._lanes.leases.fences_for({r.lane for r in rows}), strict=True)
+                    )
+                    batch = await self._send(rows, fences)
+                    for row in rows:
+                        self._in_flight[row.seq] = row.lane
+                    await self._queue.put(batch)
+                else:
+                    self._slots.release()
+                if not full:
+                    # End of this pass. The next one starts from the beginning, which
+                    # needs the pipeline empty: wait for that, or for news.
+                    await self._wait_for_pass_end()
+        finally:
+            if prefetch is not None:
+                prefetch.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await prefetch
                 self._slots.release()
-                log.warning("fetch failed", extra={"cause": unavailable_cause(exc)})
-                await anyio.sleep(backoff_ms(1, base_ms=200, cap_ms=2_000, rng=self._rng) / 1000)
-                continue
-            if records:
-                cursor = records[-1]["seq"]
-            rows = [
-                OutboxRow.from_record(r) for r in records if r["aggregateid"] not in self._held_keys
-            ]
-            if rows:
-                fences = dict(
-                    zip(*self._lanes.leases.fences_for({r.lane for r in rows}), strict=True)
-                )
-                batch = await self._send(rows, fences)
-                for row in rows:
-                    self._in_flight[row.seq] = row.lane
-                await self._queue.put(batch)
-            else:
-                self._slots.release()
-            if len(records) < config.batch_size:
-                # End of this pass. The next one starts from the beginning, which needs
-                # the pipeline empty: wait for that, or for news.
-                await self._wait_for_pass_end()
-        await self._queue.put(None)
+            await self._queue.put(None)
+
+    async def _fetch(self, lanes: list[int], cursor: int) -> list[Any]:
+        assert self._pool is not None
+        async with pooled(self._pool) as conn:
+            records: list[Any] = await conn.fetch(
+                sql.FETCH_READY,
+                None if len(lanes) == sql.LANE_COUNT else lanes,
+                cursor,
+                self.config.batch_size,
+            )
+        return records
 
     async def _replace_producer(self, stop: anyio.Event) -> None:
         """Start a new producer (new producer id, fresh sequences) once nothing is in flight."""
@@ -348,9 +393,10 @@ class Relay:
 
     async def _send(self, rows: list[OutboxRow], fences: dict[int, int]) -> Batch:
         assert self._publisher is not None
-        records: list[KafkaRecord | BaseException | None] = []
+        records: list[KafkaRecord | None] = []
+        rejected: dict[int, BaseException] = {}
         failed_keys: set[str] = set()
-        for row in rows:
+        for index, row in enumerate(rows):
             if row.aggregateid in failed_keys:
                 records.append(None)  # held back behind its key's failed row
                 continue
@@ -358,59 +404,99 @@ class Relay:
                 records.append(self._mapper.to_record(row))
             except RecordRejected as exc:
                 failed_keys.add(row.aggregateid)
-                records.append(exc)
-        outcomes = await self._publisher.submit(records)
-        return Batch(rows=rows, fences=fences, outcomes=outcomes)
+                records.append(None)
+                rejected[index] = exc
+        submission = await self._publisher.submit(records)
+        submission.failures.update(rejected)
+        for index in submission.failures:
+            # Hold the key now: the next fetch may come before this failure is recorded.
+            self._held_keys[rows[index].aggregateid] += 1
+        return Batch(rows=rows, fences=fences, submission=submission)
 
     # -- acknowledge and record ------------------------------------------------------------
     async def _ack_loop(self) -> None:
-        while True:
-            self.liveness.tick("ack")
-            batch = await self._queue.get()
-            if batch is None:
-                return
-            try:
-                await self._settle(batch)
-            finally:
-                self._slots.release()
+        # Acknowledgements are awaited in submission order; recording them may overlap
+        # (two statements at once), because the database write is the slowest step.
+        recording = anyio.Semaphore(_CONCURRENT_RECORDS)
+        async with anyio.create_task_group() as recorders:
+            while True:
+                self.liveness.tick("ack")
+                batch = await self._queue.get()
+                if batch is None:
+                    return
+                try:
+                    published, failed = await self._settle(batch)
+                    await recording.acquire()
+                except BaseException:
+                    self._slots.release()
+                    raise
+                recorders.start_soon(self._conclude, batch, published, failed, recording)
 
-    async def _settle(self, batch: Batch) -> None:
-        futures = {o.future for o in batch.outcomes if isinstance(o, PendingAck)}
-        if futures:
+    async def _settle(
+        self, batch: Batch
+    ) -> tuple[list[PublishedGroup], list[tuple[OutboxRow, FailureClass]]]:
+        """Wait for the batch's acknowledgements and sort its rows into published and failed."""
+        submitted = batch.submission.batches
+        if submitted:
             with anyio.move_on_after(2 * self.config.send_timeout_ms / 1000):
-                await asyncio.wait(futures)
-        published: list[tuple[OutboxRow, str, int, int]] = []
+                await asyncio.wait([b.future for b in submitted])
+        rows = batch.rows
+        published: list[PublishedGroup] = []
         failed: list[tuple[OutboxRow, FailureClass]] = []
-        for row, outcome in zip(batch.rows, batch.outcomes, strict=True):
-            if outcome is None:
-                continue
-            if isinstance(outcome, PendingAck):
-                future = outcome.future
-                if not future.done() or future.cancelled():
-                    failed.append((row, classify_failure(TimeoutError())))
-                elif (exc := future.exception()) is not None:
-                    failed.append((row, classify_failure(exc)))
-                else:
-                    meta = future.result()
-                    published.append((row, meta.topic, meta.partition, outcome.offset()))
+        for sent in submitted:
+            future = sent.future
+            if not future.done() or future.cancelled():
+                failure = classify_failure(TimeoutError())
+                failed.extend((rows[index], failure) for index in sent.members)
+            elif (exc := future.exception()) is not None:
+                failure = classify_failure(exc)
+                failed.extend((rows[index], failure) for index in sent.members)
             else:
-                failed.append((row, classify_failure(outcome)))
+                meta = future.result()
+                published.append(
+                    PublishedGroup(
+                        meta.topic, meta.partition, meta.offset, [rows[i] for i in sent.members]
+                    )
+                )
         for row, failure in failed:
-            self._held_keys.add(row.aggregateid)
+            # Until the failure is recorded, the database does not hold the key back yet.
+            self._held_keys[row.aggregateid] += 1
             if failure is PRODUCER_STATE:
                 self._producer_broken = True
-        await self._record(batch, published, failed)
-        for row in batch.rows:
-            self._in_flight.pop(row.seq, None)
-        if not self._in_flight:
-            self._drained.set()
-        for row, _ in failed:
-            self._held_keys.discard(row.aggregateid)
+        # Failures found before sending were held back when they were found.
+        failed.extend(
+            (rows[index], classify_failure(exc)) for index, exc in batch.submission.failures.items()
+        )
+        return published, failed
+
+    async def _conclude(
+        self,
+        batch: Batch,
+        published: list[PublishedGroup],
+        failed: list[tuple[OutboxRow, FailureClass]],
+        recording: anyio.Semaphore,
+    ) -> None:
+        """Record the outcome, then let the batch's rows and slot go."""
+        try:
+            await self._record(batch, published, failed)
+        finally:
+            recording.release()
+            self._slots.release()
+            for row in batch.rows:
+                self._in_flight.pop(row.seq, None)
+            if not self._in_flight:
+                self._drained.set()
+            for row, _ in failed:
+                self._held_keys[row.aggregateid] -= 1
+                if self._held_keys[row.aggregateid] <= 0:
+                    del self._held_keys[row.aggregateid]
         if published:
             now_ms = time.time() * 1000
-            self.metrics.published.inc(len(published))
+            self.metrics.published.inc(sum(len(group.rows) for group in published))
             self.metrics.latency.observe_many(
-                max(0.0, (now_ms - p[0].created_at_ms) / 1000) for p in published
+                max(0.0, (now_ms - row.created_at_ms) / 1000)
+                for group in published
+                for row in group.rows
             )
         if any(f.retriable for _, f in failed) and not published:
             self._broker_failure_streak += 1
@@ -420,7 +506,7 @@ class Relay:
     async def _record(
         self,
         batch: Batch,
-        published: list[tuple[OutboxRow, str, int, int]],
+        published: list[PublishedGroup],
         failed: list[tuple[OutboxRow, FailureClass]],
     ) -> None:
         assert self._pool is not None and self._lanes is not None
@@ -445,24 +531,36 @@ class Relay:
                     # (same id). So the bookkeeping need not wait for its WAL flush.
                     await conn.execute(sql.ASYNC_COMMIT)
                     if published:
+                        # One array entry per event (its seq); where it landed is sent
+                        # once per partition batch: offsets run on from the batch's base.
+                        seqs: list[int] = []
+                        firsts: list[int] = []
+                        for group in published:
+                            firsts.append(len(seqs) + 1)
+                            seqs.extend(row.seq for row in group.rows)
                         status = await conn.execute(
                             sql.RECORD_PUBLISHED,
                             config.instance_id,
                             lanes,
                             fences,
-                            [p[0].seq for p in published],
-                            [p[1] for p in published],
-                            [p[2] for p in published],
-                            [p[3] for p in published],
+                            seqs,
+                            [group.topic for group in published],
+                            [group.partition for group in published],
+                            [group.base_offset for group in published],
+                            firsts,
+                            [
+                                first + len(g.rows) - 1
+                                for first, g in zip(firsts, published, strict=True)
+                            ],
                         )
                         recorded = int(status.rsplit(" ", 1)[-1])
                         if recorded:
                             await conn.execute(sql.RECORD_PROGRESS, config.instance_id, recorded)
-                        if recorded < len(published):
-                            self.metrics.fenced.inc(len(published) - recorded)
+                        if recorded < len(seqs):
+                            self.metrics.fenced.inc(len(seqs) - recorded)
                             log.warning(
                                 "lane changed owner while publishing; the new owner republishes",
-                                extra={"events": len(published) - recorded},
+                                extra={"events": len(seqs) - recorded},
                             )
                     if failed:
                         rows = await conn.fetch(
@@ -486,7 +584,10 @@ class Relay:
                     log.warning(
                         "could not record acknowledgements before the lease ended; "
                         "the events will be published again",
-                        extra={"events": len(published), "cause": unavailable_cause(exc)},
+                        extra={
+                            "events": sum(len(g.rows) for g in published),
+                            "cause": unavailable_cause(exc),
+                        },
                     )
                     return
                 await anyio.sleep(
@@ -550,7 +651,19 @@ class Relay:
             )
 
 
-async def _create_pool(url: str | None) -> asyncpg.Pool:
-    from relay.db import create_pool
+# The outbox swings from empty to a large burst faster than autovacuum re-analyzes it;
+# with stale statistics the planner chose a full scan plus sort for the fetch (seconds
+# per batch on a 200k backlog) or a nested loop over the whole table. Every relay
+# statement is written for its index, so the relay's own sessions simply rule out the
+# alternatives; JIT only adds latency to these short statements.
+RELAY_SESSION_SETTINGS = {
+    "application_name": "outbox-relay",
+    "enable_seqscan": "off",
+    "enable_bitmapscan": "off",
+    "enable_sort": "off",
+    "jit": "off",
+}
 
-    return await create_pool(url, min_size=2, max_size=4)
+
+async def _create_pool(url: str | None) -> asyncpg.Pool:
+    return await create_pool(url, min_size=2, max_size=4, server_settings=RELAY_SESSION_SETTINGS)

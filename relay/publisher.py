@@ -10,7 +10,7 @@ lands where any other Kafka producer would put it.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -22,14 +22,20 @@ _PARTITION_CACHE_LIMIT = 200_000
 
 
 @dataclass(frozen=True, slots=True)
-class PendingAck:
-    """A record inside a submitted batch: its offset is the batch's base + ``index``."""
+class SubmittedBatch:
+    """One partition batch handed to the producer: the records at ``members`` (indices
+    into the submitted list) have offsets base + 0, 1, 2, … in that order."""
 
     future: asyncio.Future[Any]
-    index: int
+    members: list[int]
 
-    def offset(self) -> int:
-        return int(self.future.result().offset) + self.index
+
+@dataclass(slots=True)
+class Submission:
+    """What became of a list of records: batches in flight and records that failed early."""
+
+    batches: list[SubmittedBatch] = field(default_factory=list)
+    failures: dict[int, BaseException] = field(default_factory=dict)
 
 
 class BatchPublisher:
@@ -40,8 +46,7 @@ class BatchPublisher:
         self._partitioner = DefaultPartitioner()
         self._partitions: dict[tuple[str, int, bytes], int] = {}
 
-    async def _partition(self, topic: str, key: bytes) -> int:
-        known = sorted(await self._producer.partitions_for(topic))
+    def _partition(self, topic: str, known: list[int], key: bytes) -> int:
         cache_key = (topic, len(known), key)
         partition = self._partitions.get(cache_key)
         if partition is None:
@@ -51,56 +56,55 @@ class BatchPublisher:
             self._partitions[cache_key] = partition
         return partition
 
-    async def submit(
-        self, records: list[KafkaRecord | BaseException | None]
-    ) -> list[PendingAck | BaseException | None]:
-        """Queue every record; entries that are already failures (or None) pass through."""
-        outcomes: list[PendingAck | BaseException | None] = [None] * len(records)
+    async def submit(self, records: list[KafkaRecord | None]) -> Submission:
+        """Queue every record; None entries (held back by the caller) are skipped."""
+        submission = Submission()
+        topics: dict[str, list[int]] = {}
         open_batches: dict[tuple[str, int], tuple[Any, list[int]]] = {}
-        submitted: list[tuple[str, int, Any, list[int]]] = []
+        full: list[tuple[str, int, Any, list[int]]] = []
         for index, record in enumerate(records):
-            if not isinstance(record, KafkaRecord):
-                outcomes[index] = record
+            if record is None:
                 continue
-            try:
-                partition = await self._partition(record.topic, record.key)
-            except Exception as exc:  # metadata failures are classified by the caller
-                outcomes[index] = exc
-                continue
+            known = topics.get(record.topic)
+            if known is None:
+                try:
+                    known = sorted(await self._producer.partitions_for(record.topic))
+                except Exception as exc:  # metadata failures are classified by the caller
+                    submission.failures[index] = exc
+                    continue
+                topics[record.topic] = known
+            partition = self._partition(record.topic, known, record.key)
             slot = (record.topic, partition)
             current = open_batches.get(slot)
             if current is None:
-                current = (self._producer.create_batch(), [])
-                open_batches[slot] = current
+                current = open_batches[slot] = (self._producer.create_batch(), [])
             builder, members = current
             if not self._append(builder, record):
                 # Full: hand this one over and start the next batch for the partition.
-                submitted.append((record.topic, partition, builder, members))
+                full.append((record.topic, partition, builder, members))
                 builder, members = self._producer.create_batch(), []
                 open_batches[slot] = (builder, members)
                 if not self._append(builder, record):
-                    outcomes[index] = RecordRejected(
+                    submission.failures[index] = RecordRejected(
                         "record_too_large", "the record does not fit an empty batch"
                     )
                     continue
             members.append(index)
-        submitted.extend((t, p, b, m) for (t, p), (b, m) in open_batches.items() if m)
-        for topic, partition, builder, members in submitted:
+        # Full batches of a partition come before its open one: order holds per partition.
+        full.extend((t, p, b, m) for (t, p), (b, m) in open_batches.items() if m)
+        for topic, partition, builder, members in full:
             try:
                 future = await self._producer.send_batch(builder, topic, partition=partition)
             except Exception as exc:  # classified by the caller, per record
                 for index in members:
-                    outcomes[index] = exc
+                    submission.failures[index] = exc
                 continue
-            for position, index in enumerate(members):
-                outcomes[index] = PendingAck(future, position)
-        return outcomes
+            submission.batches.append(SubmittedBatch(future, members))
+        return submission
 
     @staticmethod
     def _append(builder: Any, record: KafkaRecord) -> bool:
-        return (
-            builder.append(
-                timestamp=None, key=record.key, value=record.value, headers=record.headers
-            )
-            is not None
+        appended = builder.append(
+            timestamp=None, key=record.key, value=record.value, headers=record.headers
         )
+        return appended is not None

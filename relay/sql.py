@@ -46,21 +46,27 @@ WITH held AS (
     JOIN unnest($2::smallint[], $3::bigint[]) AS f(lane, fence)
       ON f.lane = l.lane AND f.fence = l.fence
     WHERE l.owner_id = $1 AND l.lease_expires_at > clock_timestamp()
-    FOR SHARE OF l
-), acked AS (
-    SELECT * FROM unnest($4::bigint[], $5::text[], $6::int[], $7::bigint[])
-        AS a(seq, topic, kafka_partition, kafka_offset)
+    -- KEY SHARE: blocks a claim's FOR UPDATE (it skips the lane) but not our renewals
+    FOR KEY SHARE OF l
 ), moved AS (
     DELETE FROM outbox o
-    USING acked a
-    WHERE o.seq = a.seq AND o.lane IN (SELECT lane FROM held)
-    RETURNING o.id, o.aggregatetype, o.aggregateid, o.type, o.created_at,
-              a.topic, a.kafka_partition, a.kafka_offset
+    WHERE o.seq = ANY($4::bigint[]) AND o.lane = ANY(ARRAY(SELECT lane FROM held))
+    RETURNING o.seq, o.id, o.aggregatetype, o.aggregateid, o.type, o.created_at
+), acked AS (
+    -- $4 lists the seqs partition batch by partition batch; batch g covers the
+    -- positions $8[g]..$9[g] and starts at offset $7[g] in partition $6[g] of $5[g].
+    SELECT s.seq, g.topic, g.kafka_partition, g.base_offset + (s.position - g.first) AS kafka_offset
+    FROM unnest($4::bigint[]) WITH ORDINALITY AS s(seq, position)
+    JOIN unnest($5::text[], $6::int[], $7::bigint[], $8::int[], $9::int[])
+        AS g(topic, kafka_partition, base_offset, first, last)
+      ON s.position BETWEEN g.first AND g.last
 )
 INSERT INTO outbox_receipt
     (id, aggregatetype, aggregateid, type, topic, kafka_partition, kafka_offset, created_at)
-SELECT id, aggregatetype, aggregateid, type, topic, kafka_partition, kafka_offset, created_at
-FROM moved
+SELECT m.id, m.aggregatetype, m.aggregateid, m.type, a.topic, a.kafka_partition,
+       a.kafka_offset, m.created_at
+FROM moved m
+JOIN acked a ON a.seq = m.seq
 ON CONFLICT (id) DO UPDATE
 SET topic = EXCLUDED.topic, kafka_partition = EXCLUDED.kafka_partition,
     kafka_offset = EXCLUDED.kafka_offset, published_at = EXCLUDED.published_at
@@ -75,7 +81,7 @@ WITH held AS (
     JOIN unnest($2::smallint[], $3::bigint[]) AS f(lane, fence)
       ON f.lane = l.lane AND f.fence = l.fence
     WHERE l.owner_id = $1 AND l.lease_expires_at > clock_timestamp()
-    FOR SHARE OF l
+    FOR KEY SHARE OF l
 ), failed AS (
     SELECT * FROM unnest($4::bigint[], $5::text[], $6::bool[], $7::int[])
         AS f(seq, error_class, retriable, delay_ms)

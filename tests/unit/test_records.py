@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any
 
@@ -261,5 +260,6 @@ def test_default_limit_is_the_producers_request_size() -> None:
 
 def test_from_record_builds_a_row_in_field_order() -> None:
     row = make_row()
-    values = tuple(getattr(row, f.name) for f in dataclasses.fields(OutboxRow))
+    values = tuple(getattr(row, name) for name in OutboxRow._fields)
     assert OutboxRow.from_record(values) == row
+    assert OutboxRow.from_record(values).aggregateid == row.aggregateid
