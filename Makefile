@@ -62,10 +62,15 @@ test: venv lint
 	if [ "$$rc" -eq 5 ]; then echo "pytest collected no tests (exit 5): treated as failure" >&2; fi; \
 	exit "$$rc"
 
+# The demo runs in its own database (outbox_relay_demo) until Ctrl-C;
+# DEMO_ARGS passes more flags, e.g. DEMO_ARGS='--jobs 500 --exit-when-done'.
+DEMO_ARGS ?=
 demo: services-up
 	@set -a; . ./$(ENV_FILE); set +a; \
-	$(VENV)/bin/outbox-relay migrate; \
-	$(VENV)/bin/outbox-relay demo
+	demo_url="$$($(VPY) scripts/demo_database.py)"; \
+	$(VENV)/bin/outbox-relay migrate --database-url "$$demo_url"; \
+	$(VENV)/bin/outbox-relay demo --database-url "$$demo_url" \
+		--policy docs/policy.example.toml --log-format text $(DEMO_ARGS)
 
 bench: services-up
 	@set -a; . ./$(ENV_FILE); set +a; \

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,8 +48,14 @@ def policy_file(tmp_path: Path) -> Path:
 
 
 def _relay_process(
-    database_url: str, bootstrap: str, namespace: str, policy: Path, instance: str
+    database_url: str,
+    bootstrap: str,
+    namespace: str,
+    policy: Path,
+    instance: str,
+    port: int | None = None,
 ) -> subprocess.Popen[bytes]:
+    port = port or _free_port()
     env = {
         **os.environ,
         "DATABASE_URL": database_url,
@@ -62,7 +69,7 @@ def _relay_process(
         "OUTBOX_RELAY_LEASE_RENEW_MS": "500",
         "OUTBOX_RELAY_SEND_TIMEOUT_MS": "1500",
         "OUTBOX_RELAY_POLL_INTERVAL_MS": "200",
-        "HEALTH_LISTEN_ADDR": f"127.0.0.1:{_free_port()}",
+        "HEALTH_LISTEN_ADDR": f"127.0.0.1:{port}",
     }
     return subprocess.Popen(
         [sys.executable, "-m", "relay.cli", "run"],
@@ -177,3 +184,61 @@ async def test_sigterm_drains_in_flight_work_and_exits_0(
     ids = _check_order_and_completeness(records, keys, per_key)
     # Everything acknowledged before the exit was recorded: nothing published twice.
     assert max(ids.values()) == 1
+
+
+def _metrics(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
+
+async def test_two_relay_processes_split_lanes_and_take_over_from_a_killed_one(
+    db: asyncpg.Connection,
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_namespace: str,
+    policy_file: Path,
+    processes: list[subprocess.Popen[bytes]],
+) -> None:
+    keys, per_key = 20, 60
+    port_a = _free_port()
+    a = _relay_process(database_url, kafka_bootstrap, topic_namespace, policy_file, "a", port_a)
+    b = _relay_process(database_url, kafka_bootstrap, topic_namespace, policy_file, "b")
+    processes.extend([a, b])
+    await wait_until(
+        lambda: db.fetchval(
+            "SELECT count(*) FILTER (WHERE owner_id = 'a') = 32 "
+            "AND count(*) FILTER (WHERE owner_id = 'b') = 32 FROM relay_lane"
+        ),
+        timeout=30,
+    )
+    writer = asyncio.create_task(_write(database_url, keys, per_key, 0.01))
+    await wait_until(lambda: _over(db, 300), timeout=60)
+    loop = asyncio.get_running_loop()
+    b.send_signal(signal.SIGKILL)
+    killed_at = loop.time()
+    await wait_until(
+        lambda: db.fetchval(
+            "SELECT count(*) = 64 FROM relay_lane "
+            "WHERE owner_id = 'a' AND lease_expires_at > clock_timestamp()"
+        ),
+        timeout=30,
+        interval=0.05,
+    )
+    takeover = loop.time() - killed_at
+    # Bounded by the lease TTL (3 s) plus one renewal round (0.5 s), with slack for CI.
+    assert takeover < 3.0 + 0.5 + 1.5
+    await writer
+    await wait_until(lambda: _drained(db), timeout=60)
+    records = await consume(
+        kafka_bootstrap, [f"{topic_namespace}.agg"], count=keys * per_key, settle=1.0
+    )
+    ids = _check_order_and_completeness(records, keys, per_key)
+    assert sum(1 for n in ids.values() if n > 1) <= BATCH * IN_FLIGHT
+    metrics = await loop.run_in_executor(None, _metrics, port_a)
+    assert "outbox_relay_lanes_owned 64.0" in metrics
+    published = next(
+        line
+        for line in metrics.splitlines()
+        if line.startswith("outbox_relay_published_events_total ")
+    )
+    assert float(published.split()[1]) > 0
