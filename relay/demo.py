@@ -29,8 +29,10 @@ _PROGRESS = """
 SELECT count(*) FILTER (WHERE scoring_state IN ('queued', 'leased', 'retry_scheduled')),
        count(*) FILTER (WHERE scoring_state = 'completed'),
        count(*) FILTER (WHERE scoring_state = 'quarantined'),
-       (SELECT count(*) FROM outbox WHERE aggregatetype = 'scoring_job'),
-       (SELECT count(*) FROM outbox_receipt WHERE aggregatetype = 'scoring_job')
+       (SELECT count(*) FROM outbox
+        WHERE aggregatetype = 'scoring_job' AND aggregateid LIKE $2),
+       (SELECT count(*) FROM outbox_receipt
+        WHERE aggregatetype = 'scoring_job' AND aggregateid LIKE $2)
 FROM scoring_job_state WHERE scoring_request_ref = $1
 """
 
@@ -75,7 +77,9 @@ async def run_demo_workload(
             tasks.start_soon(_worker, database_url, f"worker-{run}-{n}", run, stop)
         tasks.start_soon(_dying_worker, database_url, f"worker-{run}-doomed")
         tasks.start_soon(_reaper, database_url, run, stop)
-        await _report(database_url, request_ref, jobs, stop, options.get("exit_when_done", 0) == 1)
+        await _report(
+            database_url, run, request_ref, jobs, stop, options.get("exit_when_done", 0) == 1
+        )
         tasks.cancel_scope.cancel()
 
 
@@ -159,13 +163,18 @@ async def _reaper(database_url: str | None, run: str, stop: anyio.Event) -> None
 
 
 async def _report(
-    database_url: str | None, request_ref: str, jobs: int, stop: anyio.Event, exit_when_done: bool
+    database_url: str | None,
+    run: str,
+    request_ref: str,
+    jobs: int,
+    stop: anyio.Event,
+    exit_when_done: bool,
 ) -> None:
     conn = await connect(database_url)
     try:
         while not stop.is_set():
             active, completed, quarantined, pending, published = await conn.fetchrow(
-                _PROGRESS, request_ref
+                _PROGRESS, request_ref, f"job-{run}-%"
             )
             log.info(
                 "demo progress",
