@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import sys
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -45,3 +48,37 @@ async def bench_database(server_url: str) -> AsyncIterator[str]:
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
+
+
+REPO = Path(__file__).resolve().parents[1]
+ALL_FAMILIES_DISABLED = (
+    "[outbox]\nenabled = false\n[scoring_jobs]\nenabled = false\n"
+    "[completion_outbox]\nenabled = false\n[relay]\nenabled = false\n"
+)
+
+
+async def start_relay_process(
+    database_url: str, bootstrap: str, namespace: str, workdir: Path, **env: str
+) -> asyncio.subprocess.Process:
+    """``outbox-relay run`` in its own process, health checks off, topics under namespace."""
+    policy = workdir / "policy.toml"
+    policy.write_text(ALL_FAMILIES_DISABLED)
+    environment = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "OUTBOX_RELAY_POLICY": str(policy),
+        "OUTBOX_RELAY_TOPIC_TEMPLATE": f"{namespace}.{{aggregatetype}}",
+        "HEALTH_LISTEN_ADDR": "127.0.0.1:0",
+        **env,
+    }
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "relay.cli",
+        "run",
+        env=environment,
+        cwd=REPO,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )

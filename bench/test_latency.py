@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -20,6 +19,7 @@ import asyncpg
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from bench.conftest import start_relay_process
 from tests.relay.harness import consume
 
 pytestmark = pytest.mark.bench
@@ -27,7 +27,6 @@ pytestmark = pytest.mark.bench
 RATE = int(os.environ.get("BENCH_RATE", "1000"))
 SECONDS = int(os.environ.get("BENCH_SECONDS", "20"))
 WRITERS = 4
-REPO = Path(__file__).resolve().parents[1]
 
 
 async def _writer(
@@ -72,29 +71,8 @@ async def test_commit_to_ack_latency_at_steady_rate(
         )
     finally:
         await admin.close()
-    policy = tmp_path / "policy.toml"
-    policy.write_text(
-        "[outbox]\nenabled = false\n[scoring_jobs]\nenabled = false\n"
-        "[completion_outbox]\nenabled = false\n[relay]\nenabled = false\n"
-    )
-    env = {
-        **os.environ,
-        "DATABASE_URL": bench_database,
-        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "OUTBOX_RELAY_POLICY": str(policy),
-        "OUTBOX_RELAY_TOPIC_TEMPLATE": f"{namespace}.{{aggregatetype}}",
-        "HEALTH_LISTEN_ADDR": "127.0.0.1:0",
-        "OUTBOX_RELAY_LINGER_MS": "0",
-    }
-    relay = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "relay.cli",
-        "run",
-        env=env,
-        cwd=REPO,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
+    relay = await start_relay_process(
+        bench_database, kafka_bootstrap, namespace, tmp_path, OUTBOX_RELAY_LINGER_MS="0"
     )
     try:
         await asyncio.sleep(3)  # lanes claimed, producer connected

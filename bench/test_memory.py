@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -18,12 +17,12 @@ import asyncpg
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from bench.conftest import start_relay_process
 from bench.test_drain import FILL_BACKLOG, KEYS, PARTITIONS, PAYLOAD_FILL
 
 pytestmark = pytest.mark.bench
 
 BACKLOG = int(os.environ.get("BENCH_BACKLOG", "1000000"))
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _rss_mb(pid: int) -> float:
@@ -52,29 +51,7 @@ async def test_relay_memory_on_a_large_backlog(
         )
     await conn.execute("VACUUM ANALYZE outbox")
     fill_s = time.perf_counter() - started
-    policy = tmp_path / "policy.toml"
-    policy.write_text(
-        "[outbox]\nenabled = false\n[scoring_jobs]\nenabled = false\n"
-        "[completion_outbox]\nenabled = false\n[relay]\nenabled = false\n"
-    )
-    env = {
-        **os.environ,
-        "DATABASE_URL": bench_database,
-        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-        "OUTBOX_RELAY_POLICY": str(policy),
-        "OUTBOX_RELAY_TOPIC_TEMPLATE": f"{namespace}.{{aggregatetype}}",
-        "HEALTH_LISTEN_ADDR": "127.0.0.1:0",
-    }
-    relay = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "relay.cli",
-        "run",
-        env=env,
-        cwd=REPO,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
+    relay = await start_relay_process(bench_database, kafka_bootstrap, namespace, tmp_path)
     peak = 0.0
     drain_started = time.perf_counter()
     try:
