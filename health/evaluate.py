@@ -23,6 +23,7 @@ from health.classify import (
     classify_relay,
     classify_scoring_jobs,
 )
+from health.completion import CompletionTracker
 from health.errors import ProbeFailure
 from health.probes import (
     probe_completion_outbox,
@@ -42,6 +43,7 @@ async def _family(
     family: Family,
     policy: Policy,
     receipt_retention_ms: int | None,
+    completion: CompletionTracker | None,
 ) -> tuple[Evidence, Verdict]:
     section = policy.family(family)
     if isinstance(section, OutboxPolicy):
@@ -51,10 +53,15 @@ async def _family(
         jobs = await probe_scoring_jobs(conn)
         return jobs, classify_scoring_jobs(jobs, section)
     if isinstance(section, CompletionOutboxPolicy):
-        completion = await probe_completion_outbox(
-            conn, section, receipt_retention_ms=receipt_retention_ms
-        )
-        return completion, classify_completion_outbox(completion, section)
+        if completion is None:  # one-shot: the full check
+            evidence = await probe_completion_outbox(
+                conn, section, receipt_retention_ms=receipt_retention_ms
+            )
+        else:  # the sidecar: only what changed since its last evaluation
+            evidence = await completion.probe(
+                conn, section, receipt_retention_ms=receipt_retention_ms
+            )
+        return evidence, classify_completion_outbox(evidence, section)
     if isinstance(section, RelayPolicy):
         relay = await probe_relay(conn, section)
         return relay, classify_relay(relay, section)
@@ -82,14 +89,22 @@ def unknown_report(policy: Policy, reason: str) -> HealthReport:
 
 
 async def evaluate_connection(
-    conn: asyncpg.Connection, policy: Policy, *, receipt_retention_ms: int | None
+    conn: asyncpg.Connection,
+    policy: Policy,
+    *,
+    receipt_retention_ms: int | None,
+    completion: CompletionTracker | None = None,
 ) -> HealthReport:
-    """Probe every enabled family on one connection; a failed probe makes only its family unknown."""
+    """Probe every enabled family on one connection; a failed probe makes only its family unknown.
+
+    With ``completion`` (the sidecar's tracker) ``completion_outbox`` is checked
+    incrementally; without it (``check``, ``status``) the whole look-back window is checked.
+    """
     results = []
     for family in policy.enabled_families():
         try:
             evidence, (classification, reasons) = await _family(
-                conn, family, policy, receipt_retention_ms
+                conn, family, policy, receipt_retention_ms, completion
             )
         except ProbeFailure as failure:
             results.append(
@@ -119,20 +134,28 @@ async def evaluate(
     policy: Policy,
     *,
     receipt_retention_ms: int | None,
+    completion: CompletionTracker | None = None,
 ) -> HealthReport:
     """One full evaluation on a connection or a pool; an unreachable database is all-unknown."""
     if isinstance(source, asyncpg.Pool):
-        return await _with_pool(source, policy, receipt_retention_ms)
-    return await evaluate_connection(source, policy, receipt_retention_ms=receipt_retention_ms)
+        return await _with_pool(source, policy, receipt_retention_ms, completion)
+    return await evaluate_connection(
+        source, policy, receipt_retention_ms=receipt_retention_ms, completion=completion
+    )
 
 
 async def _with_pool(
-    pool: asyncpg.Pool, policy: Policy, receipt_retention_ms: int | None
+    pool: asyncpg.Pool,
+    policy: Policy,
+    receipt_retention_ms: int | None,
+    completion: CompletionTracker | None,
 ) -> HealthReport:
     try:
         async with pool.acquire() as conn:
             return await evaluate_connection(
-                conn, policy, receipt_retention_ms=receipt_retention_ms
+                conn, policy, receipt_retention_ms=receipt_retention_ms, completion=completion
             )
     except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, ValueError) as exc:
+        if completion is not None:
+            completion.reset()
         return unknown_report(policy, probe_failure(exc).reason)

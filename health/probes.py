@@ -213,7 +213,8 @@ async def _fetch_in_savepoint(
     return row
 
 
-async def _fetch(conn: asyncpg.Connection, query: str, *args: object) -> asyncpg.Record:
+async def fetch_probe(conn: asyncpg.Connection, query: str, *args: object) -> asyncpg.Record:
+    """The one row of a probe statement; driver errors become :class:`ProbeFailure`."""
     try:
         # Inside a caller's transaction a failed statement would poison it; a savepoint
         # keeps the caller's transaction usable and the other probes running.
@@ -228,9 +229,20 @@ async def _fetch(conn: asyncpg.Connection, query: str, *args: object) -> asyncpg
     return row
 
 
+async def fetch_probe_rows(
+    conn: asyncpg.Connection, query: str, *args: object
+) -> list[asyncpg.Record]:
+    """Every row of a statement run outside a transaction; errors become :class:`ProbeFailure`."""
+    try:
+        rows: list[asyncpg.Record] = await conn.fetch(query, *args)
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+        raise probe_failure(exc) from exc
+    return rows
+
+
 async def probe_outbox(conn: asyncpg.Connection) -> OutboxEvidence:
     """Evidence for the ``outbox`` family."""
-    row = await _fetch(conn, OUTBOX_PROBE)
+    row = await fetch_probe(conn, OUTBOX_PROBE)
     return OutboxEvidence(
         observed_at_unix_ms=row["observed_at_unix_ms"],
         pending_count=row["pending_count"],
@@ -242,7 +254,7 @@ async def probe_outbox(conn: asyncpg.Connection) -> OutboxEvidence:
 
 async def probe_scoring_jobs(conn: asyncpg.Connection) -> ScoringJobsEvidence:
     """Evidence for the ``scoring_jobs`` family."""
-    row = await _fetch(conn, SCORING_JOBS_PROBE)
+    row = await fetch_probe(conn, SCORING_JOBS_PROBE)
     return ScoringJobsEvidence(
         observed_at_unix_ms=row["observed_at_unix_ms"],
         active_count=row["active_count"],
@@ -257,7 +269,7 @@ async def probe_completion_outbox(
     conn: asyncpg.Connection, policy: CompletionOutboxPolicy, *, receipt_retention_ms: int | None
 ) -> CompletionOutboxEvidence:
     """Evidence for the ``completion_outbox`` family."""
-    row = await _fetch(conn, COMPLETION_OUTBOX_PROBE, policy.grace_ms, policy.lookback_ms)
+    row = await fetch_probe(conn, COMPLETION_OUTBOX_PROBE, policy.grace_ms, policy.lookback_ms)
     return CompletionOutboxEvidence(
         observed_at_unix_ms=row["observed_at_unix_ms"],
         missing_count=row["missing_count"],
@@ -270,7 +282,7 @@ async def probe_completion_outbox(
 
 async def probe_relay(conn: asyncpg.Connection, policy: RelayPolicy) -> RelayEvidence:
     """Evidence for the ``relay`` family."""
-    row = await _fetch(conn, RELAY_PROBE, policy.max_heartbeat_age_ms)
+    row = await fetch_probe(conn, RELAY_PROBE, policy.max_heartbeat_age_ms)
     return RelayEvidence(
         observed_at_unix_ms=row["observed_at_unix_ms"],
         instance_count=row["instance_count"],

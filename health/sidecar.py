@@ -15,6 +15,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from contracts.health import Classification, HealthReport
 from contracts.policy import Policy
 from health.classify import mark_stale
+from health.completion import CompletionTracker
 from health.evaluate import evaluate, unknown_report
 from health.http import HTTPServer, Request, Response, problem
 from health.metrics import HealthCollector, HealthCounters
@@ -67,6 +68,8 @@ class HealthSidecar:
         self._counters = HealthCounters()
         self._collector = HealthCollector(self.report, self._counters, policy.enabled_families())
         self._pool: asyncpg.Pool | None = None
+        # Incremental completion_outbox state: in memory only, never logged or served.
+        self._completion = CompletionTracker()
         self._last: tuple[HealthReport, float] | None = None
         self._last_tick: float | None = None
         self._evaluated = asyncio.Condition()
@@ -144,10 +147,16 @@ class HealthSidecar:
         try:
             async with asyncio.timeout(self._timeout):
                 report = await evaluate(
-                    self._pool, self._policy, receipt_retention_ms=self._receipt_retention_ms
+                    self._pool,
+                    self._policy,
+                    receipt_retention_ms=self._receipt_retention_ms,
+                    completion=self._completion,
                 )
         except TimeoutError:
             report = unknown_report(self._policy, "evaluation timed out")
+        if any(result.evidence is None for result in report.families):
+            # Any probe error: the incremental state may have missed something; start over.
+            self._completion.reset()
         self._record(report)
         async with self._evaluated:
             self._evaluated.notify_all()

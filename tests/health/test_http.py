@@ -15,7 +15,13 @@ import asyncpg
 import pytest
 from prometheus_client import CollectorRegistry
 
-from contracts.policy import EvaluationSettings, OutboxPolicy, Policy, ScoringJobsPolicy
+from contracts.policy import (
+    CompletionOutboxPolicy,
+    EvaluationSettings,
+    OutboxPolicy,
+    Policy,
+    ScoringJobsPolicy,
+)
 from health.errors import ListenError
 from health.sidecar import HealthSidecar
 from relay.errors import ConfigError
@@ -132,9 +138,15 @@ async def test_unknown_path_and_method_are_problems(database_url: str) -> None:
 async def test_stalled_families_fail_readiness_and_recover(
     database_url: str, db: asyncpg.Connection
 ) -> None:
-    async with running(database_url) as sidecar:
-        now = await db_now(db)
-        job = await insert_job(db, "completed", updated_at=now - dt.timedelta(minutes=5))
+    # grace 0: the job is due for its event as soon as it is written. Written the way the
+    # scoring service writes (updated_at = clock_timestamp()): the sidecar checks
+    # incrementally and relies on that (docs/health.md, "How the completion check scales").
+    completion = CompletionOutboxPolicy(
+        grace_ms=0, lookback_ms=86_400_000, max_missing_count=0, gates_readiness=True
+    )
+    async with running(database_url, loose_policy(completion_outbox=completion)) as sidecar:
+        job = await insert_job(db, "completed")
+        await sidecar.next_report()  # one evaluation may have begun before the insert
         report = await sidecar.next_report()
         assert report.classification == "stalled"
         ready = await get(sidecar.address, "/readyz")

@@ -1,0 +1,268 @@
+"""The sidecar's incremental completion_outbox check against a real PostgreSQL: it finds
+what the full check finds, including jobs committed by a transaction that was open across
+an evaluation (the xact_start rule), and its cost follows what changed."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import random
+from typing import Any
+
+import asyncpg
+import pytest
+from prometheus_client import CollectorRegistry
+
+from contracts.health import CompletionOutboxEvidence
+from contracts.policy import CompletionOutboxPolicy, Family
+from health.completion import COMPLETION_INCREMENT, CompletionTracker
+from health.evaluate import evaluate
+from health.probes import probe_completion_outbox
+from health.sidecar import HealthSidecar
+from tests.health.conftest import (
+    RECEIPT_RETENTION_MS,
+    SECRET_MARK,
+    db_now,
+    insert_event,
+    insert_job,
+    insert_receipt,
+    loose_policy,
+)
+
+
+def completion_policy(*, grace_ms: int = 0, lookback_ms: int = 86_400_000) -> Any:
+    return CompletionOutboxPolicy(
+        grace_ms=grace_ms, lookback_ms=lookback_ms, max_missing_count=0, gates_readiness=True
+    )
+
+
+async def incremental(
+    db: asyncpg.Connection, tracker: CompletionTracker, policy: CompletionOutboxPolicy
+) -> CompletionOutboxEvidence:
+    return await tracker.probe(db, policy, receipt_retention_ms=RECEIPT_RETENTION_MS)
+
+
+async def full(db: asyncpg.Connection, policy: CompletionOutboxPolicy) -> CompletionOutboxEvidence:
+    return await probe_completion_outbox(db, policy, receipt_retention_ms=RECEIPT_RETENTION_MS)
+
+
+async def test_missing_event_found_after_grace_and_recovers(db: asyncpg.Connection) -> None:
+    policy = completion_policy(grace_ms=300)
+    tracker = CompletionTracker(margin_ms=0)
+    assert (await incremental(db, tracker, policy)).missing_count == 0  # first: full window
+    job = await insert_job(db, "completed")  # updated_at = clock_timestamp(), as writers do
+    assert (await incremental(db, tracker, policy)).missing_count == 0  # within grace
+    await asyncio.sleep(0.4)
+    found = await incremental(db, tracker, policy)
+    assert found.missing_count == 1
+    assert found.oldest_missing_updated_at_unix_ms is not None
+    await asyncio.sleep(0.05)
+    assert (await incremental(db, tracker, policy)).missing_count == 1  # now remembered
+    assert tracker.remembered_count == 1
+    await insert_event(db, aggregateid=job)
+    assert (await incremental(db, tracker, policy)).missing_count == 0
+    assert tracker.remembered_count == 0
+    # A quarantined job is covered by its receipt once the event is published.
+    other = await insert_job(db, "quarantined")
+    await asyncio.sleep(0.4)
+    assert (await incremental(db, tracker, policy)).missing_count == 1
+    await insert_receipt(db, aggregateid=other)
+    assert (await incremental(db, tracker, policy)).missing_count == 0
+    assert tracker.full_checks == 1 and tracker.incremental_checks >= 6
+
+
+async def test_transaction_open_across_an_evaluation_is_not_skipped(
+    db: asyncpg.Connection, database_url: str
+) -> None:
+    policy = completion_policy(grace_ms=0)
+    tracker = CompletionTracker(margin_ms=0)
+    await incremental(db, tracker, policy)
+    writer = await asyncpg.connect(database_url)
+    try:
+        await writer.execute("BEGIN")
+        started = await writer.fetchval("SELECT now()")  # the transaction's start
+        # Completed "in the past": updated_at is the transaction start, not the commit time.
+        await insert_job(writer, "completed", updated_at=started)
+        await asyncio.sleep(0.2)
+        seen = await incremental(db, tracker, policy)
+        assert seen.missing_count == 0  # not committed yet
+        # Without the rule the watermark would be the clock (> started) and the job,
+        # committed below it, would never be checked.
+        assert tracker.watermark_ms is not None
+        assert tracker.watermark_ms <= int(started.timestamp() * 1000)
+        assert seen.observed_at_unix_ms is not None
+        assert seen.observed_at_unix_ms - int(started.timestamp() * 1000) >= 150
+        await writer.execute("COMMIT")
+    finally:
+        await writer.close()
+    found = await incremental(db, tracker, policy)
+    assert found.missing_count == 1 == (await full(db, policy)).missing_count
+    assert tracker.incremental_checks == 2
+
+
+async def test_job_leaving_the_look_back_window_drops_out(db: asyncpg.Connection) -> None:
+    policy = completion_policy(grace_ms=0, lookback_ms=1500)
+    tracker = CompletionTracker(margin_ms=0)
+    await incremental(db, tracker, policy)
+    await insert_job(db, "completed")
+    await asyncio.sleep(0.1)
+    assert (await incremental(db, tracker, policy)).missing_count == 1
+    assert tracker.remembered_count == 1
+    await asyncio.sleep(1.6)
+    assert (await incremental(db, tracker, policy)).missing_count == 0
+    assert tracker.remembered_count == 0
+    assert (await full(db, policy)).missing_count == 0
+
+
+async def test_state_resets_on_policy_change_and_probe_error(db: asyncpg.Connection) -> None:
+    policy = completion_policy(grace_ms=0)
+    tracker = CompletionTracker(margin_ms=0)
+    await incremental(db, tracker, policy)
+    await incremental(db, tracker, policy)
+    assert (tracker.full_checks, tracker.incremental_checks) == (1, 1)
+    await incremental(db, tracker, completion_policy(grace_ms=5))  # grace changed: full
+    assert (tracker.full_checks, tracker.incremental_checks) == (2, 1)
+    await db.execute("ALTER TABLE outbox_receipt RENAME TO outbox_receipt_gone")
+    with pytest.raises(Exception, match="missing"):
+        await incremental(db, tracker, policy)
+    assert tracker.watermark_ms is None
+    await db.execute("ALTER TABLE outbox_receipt_gone RENAME TO outbox_receipt")
+    await incremental(db, tracker, policy)
+    assert tracker.full_checks == 3
+
+
+async def test_over_the_remembered_bound_falls_back_to_the_full_check(
+    db: asyncpg.Connection,
+) -> None:
+    policy = completion_policy(grace_ms=0)
+    tracker = CompletionTracker(margin_ms=0, max_remembered=3)
+    for _ in range(5):
+        await insert_job(db, "completed")
+    await asyncio.sleep(0.05)
+    assert (await incremental(db, tracker, policy)).missing_count == 5
+    assert tracker.watermark_ms is None  # nothing remembered; next time full again
+    assert (await incremental(db, tracker, policy)).missing_count == 5
+
+
+@pytest.mark.parametrize("margin_ms", [0, 1000])
+async def test_incremental_equals_full_over_a_random_history(
+    db: asyncpg.Connection, database_url: str, margin_ms: int
+) -> None:
+    rng = random.Random(20240611 + margin_ms)
+    policy = completion_policy(grace_ms=0)
+    tracker = CompletionTracker(margin_ms=margin_ms, max_remembered=50)
+    missing: list[str] = []
+    writer = await asyncpg.connect(database_url)
+    in_transaction: list[str] = []
+    try:
+        for _ in range(40):
+            for _ in range(rng.randint(0, 4)):
+                action = rng.random()
+                if action < 0.35:
+                    missing.append(await insert_job(db, rng.choice(["completed", "quarantined"])))
+                elif action < 0.5:
+                    covered = await insert_job(db, "completed")
+                    await insert_event(db, aggregateid=covered)
+                elif action < 0.65 and missing:
+                    job = missing.pop(rng.randrange(len(missing)))
+                    if rng.random() < 0.5:
+                        await insert_event(db, aggregateid=job)
+                    else:
+                        await insert_receipt(db, aggregateid=job)
+                elif action < 0.8 and not in_transaction:
+                    await writer.execute("BEGIN")
+                    in_transaction.append(await insert_job(writer, "completed"))
+                elif action < 0.9 and in_transaction:
+                    await writer.execute("COMMIT")
+                    missing.extend(in_transaction)
+                    in_transaction.clear()
+                else:
+                    # Not a terminal state: never counted.
+                    await insert_job(db, "cancelled")
+            if rng.random() < 0.3:
+                await asyncio.sleep(0.02)
+            got = await incremental(db, tracker, policy)
+            want = await full(db, policy)
+            assert got.missing_count == want.missing_count == len(missing)
+            assert got.oldest_missing_updated_at_unix_ms == want.oldest_missing_updated_at_unix_ms
+        if in_transaction:
+            await writer.execute("COMMIT")
+            missing.extend(in_transaction)
+        got = await incremental(db, tracker, policy)
+        assert got.missing_count == (await full(db, policy)).missing_count == len(missing)
+    finally:
+        await writer.close()
+    assert tracker.incremental_checks > 0
+
+
+async def test_sidecar_evaluates_incrementally_and_serves_aggregates_only(
+    database_url: str, db: asyncpg.Connection
+) -> None:
+    sidecar = HealthSidecar(
+        database_url=database_url,
+        policy=loose_policy(completion_outbox=completion_policy(grace_ms=0)),
+        listen=("127.0.0.1", 0),
+        registry=CollectorRegistry(),
+        receipt_retention_ms=RECEIPT_RETENTION_MS,
+    )
+    async with sidecar:
+        await sidecar.evaluate_once()
+        job = await insert_job(db, "completed")
+        report = await sidecar.evaluate_once()
+        result = next(r for r in report.families if r.family is Family.COMPLETION_OUTBOX)
+        assert result.evidence is not None and result.evidence.missing_count == 1
+        await asyncio.sleep(1.1)  # past the horizon margin: remembered
+        await sidecar.evaluate_once()
+        await insert_event(db, aggregateid=job)
+        report = await sidecar.evaluate_once()
+        result = next(r for r in report.families if r.family is Family.COMPLETION_OUTBOX)
+        assert result.evidence is not None and result.evidence.missing_count == 0
+    assert SECRET_MARK not in repr(sidecar._completion)
+
+
+async def test_one_shot_evaluate_is_the_full_check(db: asyncpg.Connection) -> None:
+    await insert_job(db, "completed", updated_at=await db_now(db) - dt.timedelta(minutes=5))
+    report = await evaluate(db, loose_policy(), receipt_retention_ms=RECEIPT_RETENTION_MS)
+    result = next(r for r in report.families if r.family is Family.COMPLETION_OUTBOX)
+    assert result.evidence is not None and result.evidence.missing_count == 1
+
+
+async def test_increment_plan_reads_the_window_through_partial_indexes(
+    db: asyncpg.Connection,
+) -> None:
+    await db.execute(
+        """
+        INSERT INTO scoring_job_state (scoring_job_ref, scoring_request_ref, scoring_state,
+            attempt_count, max_attempts, result_ref, completed_fencing_token, created_at,
+            updated_at)
+        SELECT 'hist-' || g, 'req-' || g, 'completed', 1, 3, 'res-' || g, 1,
+               now() - interval '1 hour', now() - interval '1 hour'
+        FROM generate_series(1, 20000) AS g
+        """
+    )
+    await db.execute(
+        """
+        INSERT INTO outbox_receipt (id, aggregatetype, aggregateid, type, topic,
+            kafka_partition, kafka_offset, created_at, published_at)
+        SELECT gen_random_uuid(), 'scoring_job', 'hist-' || g, 'scoring.result.completed',
+               'outbox.event.scoring_job', 0, g, now(), now()
+        FROM generate_series(1, 20000) AS g
+        """
+    )
+    await db.execute("VACUUM ANALYZE scoring_job_state")
+    await db.execute("VACUUM ANALYZE outbox_receipt")
+    now_ms = int((await db_now(db)).timestamp() * 1000)
+    now_us = now_ms * 1000
+    args = f"{now_us - 5_000_000}, {now_us}, {now_us - 1_000_000}, '{{x-1}}', 10001, 0"
+    await db.execute(
+        "PREPARE increment(bigint, bigint, bigint, text[], bigint, bigint) AS "
+        + COMPLETION_INCREMENT
+    )
+    for mode in ("force_custom_plan", "force_generic_plan"):
+        await db.execute(f"SET plan_cache_mode = {mode}")
+        raw = await db.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE increment({args})")
+        text = json.dumps(json.loads(raw) if isinstance(raw, str) else raw)
+        assert "Seq Scan" not in text, (mode, text)
+        assert "scoring_job_state_terminal_updated_idx" in text, mode
+        assert "outbox_receipt_scoring_job_idx" in text, mode
