@@ -38,6 +38,7 @@ from relay.retry import LANE_LOST, PRODUCER_STATE, FailureClass, backoff_ms, cla
 log = logging.getLogger("outbox_relay.relay")
 
 _CONCURRENT_RECORDS = 2
+_IDLE_TICK_MS = 1_000  # an idle loop still shows it is alive this often
 
 
 @dataclass
@@ -62,16 +63,20 @@ class PublishedGroup(NamedTuple):
 
 @dataclass
 class Liveness:
-    """When each loop last made progress; /livez reads it."""
+    """By when each loop must show progress again; /livez reads it.
 
-    ticks: dict[str, float] = field(default_factory=dict)
+    Each loop names its own allowance, because an idle loop that waits on purpose (for
+    work, for its interval) is alive; one that stops coming back is not.
+    """
 
-    def tick(self, name: str) -> None:
-        self.ticks[name] = time.monotonic()
+    deadlines: dict[str, float] = field(default_factory=dict)
 
-    def stale(self, max_age_s: float) -> list[str]:
+    def tick(self, name: str, within_s: float) -> None:
+        self.deadlines[name] = time.monotonic() + within_s
+
+    def stale(self) -> list[str]:
         now = time.monotonic()
-        return sorted(name for name, at in self.ticks.items() if now - at > max_age_s)
+        return sorted(name for name, deadline in self.deadlines.items() if now > deadline)
 
 
 def make_producer(config: RelayConfig) -> AIOKafkaProducer:
@@ -130,9 +135,14 @@ class Relay:
 
     # -- what the health sidecar asks -------------------------------------------------
     def live(self) -> bool:
-        """True while every loop keeps ticking."""
-        budget = max(10.0, 3 * self.config.poll_interval_ms / 1000, self.config.lease_ttl_ms / 1000)
-        return not self.liveness.stale(budget)
+        """True while every loop keeps coming back within its allowance."""
+        return not self.liveness.stale()
+
+    def _allowance(self, every_ms: int) -> float:
+        """Three rounds of a loop, plus what one round may legitimately block for."""
+        config = self.config
+        blocking_ms = config.max_in_flight_batches * 2 * config.send_timeout_ms
+        return (3 * every_ms + blocking_ms + config.lease_ttl_ms) / 1000
 
     def ready(self) -> bool:
         """True when the relay can do its job: leases renewed recently and Kafka answering."""
@@ -192,8 +202,8 @@ class Relay:
                     extra={"error_class": failure.name, "retry_in_ms": delay},
                 )
                 attempt += 1
-                self.liveness.tick("fetch")
-                self.liveness.tick("ack")
+                self.liveness.tick("fetch", self._allowance(delay))
+                self.liveness.tick("ack", self._allowance(delay))
                 with anyio.move_on_after(delay / 1000):
                     await stop.wait()
                 continue
@@ -212,7 +222,7 @@ class Relay:
                 log.warning(
                     "database round failed", extra={"loop": name, "cause": unavailable_cause(exc)}
                 )
-            self.liveness.tick(name)
+            self.liveness.tick(name, self._allowance(every_ms))
             delay = (
                 every_ms
                 if failures == 0
@@ -245,8 +255,11 @@ class Relay:
     # -- wake-ups ------------------------------------------------------------------------
     async def _listen_loop(self) -> None:
         attempt = 0
+        # One round: a poll interval of waiting, then a keepalive (5 s at most) or a
+        # reconnect (10 s connect timeout plus backoff).
+        listen_round_ms = self.config.poll_interval_ms + 15_000
         while True:
-            self.liveness.tick("listen")
+            self.liveness.tick("listen", self._allowance(listen_round_ms))
             try:
                 conn = await connect(self.config.database_url)
             except Exception as exc:
@@ -264,7 +277,7 @@ class Relay:
                     await anyio.sleep(self.config.poll_interval_ms / 1000)
                     with anyio.fail_after(5):
                         await conn.execute("SELECT 1")  # keepalive: a dead socket shows here
-                    self.liveness.tick("listen")
+                    self.liveness.tick("listen", self._allowance(listen_round_ms))
             except (*_DB_ERRORS, asyncpg.exceptions.ConnectionDoesNotExistError) as exc:
                 log.warning("listen connection lost", extra={"cause": unavailable_cause(exc)})
             finally:
@@ -290,7 +303,7 @@ class Relay:
         prefetch: asyncio.Task[list[Any]] | None = None
         try:
             while not stop.is_set():
-                self.liveness.tick("fetch")
+                self.liveness.tick("fetch", self._allowance(config.poll_interval_ms))
                 if prefetch is None:
                     if cursor and not self._in_flight:
                         cursor = 0  # a new pass: pick up whatever the last one stepped over
@@ -420,8 +433,11 @@ class Relay:
         recording = anyio.Semaphore(_CONCURRENT_RECORDS)
         async with anyio.create_task_group() as recorders:
             while True:
-                self.liveness.tick("ack")
-                batch = await self._queue.get()
+                self.liveness.tick("ack", self._allowance(_IDLE_TICK_MS))
+                with anyio.move_on_after(_IDLE_TICK_MS / 1000) as idle:
+                    batch = await self._queue.get()
+                if idle.cancelled_caught:
+                    continue  # nothing in flight: idle, and alive
                 if batch is None:
                     return
                 try:
@@ -630,7 +646,7 @@ class Relay:
             self.metrics.receipts_pruned.inc(pruned)
             if pruned < config.prune_batch_size:
                 return
-            self.liveness.tick("prune")
+            self.liveness.tick("prune", self._allowance(config.prune_interval_ms))
             await anyio.sleep(0.05)  # let the writers in between bounded batches
 
     async def _observe_round(self) -> None:
