@@ -123,65 +123,88 @@ def _check_order_and_completeness(records: list, keys: int, per_key: int) -> Cou
     return ids
 
 
-async def test_kill_9_mid_stream_then_restart_delivers_everything(
+KEYS, PER_KEY = 20, 60
+
+
+class Stream:
+    """One test's relay processes and the event stream they carry (20 keys x 60 events)."""
+
+    def __init__(
+        self,
+        db: asyncpg.Connection,
+        database_url: str,
+        bootstrap: str,
+        namespace: str,
+        policy: Path,
+        processes: list[subprocess.Popen[bytes]],
+    ) -> None:
+        self.db, self.database_url, self.bootstrap = db, database_url, bootstrap
+        self.namespace, self.policy, self.processes = namespace, policy, processes
+        self.writer: asyncio.Task[None] | None = None
+
+    def start(self, instance: str, port: int | None = None) -> subprocess.Popen[bytes]:
+        process = _relay_process(
+            self.database_url, self.bootstrap, self.namespace, self.policy, instance, port
+        )
+        self.processes.append(process)
+        return process
+
+    async def write_until_published(self, count: int) -> None:
+        """Start the writer and return once ``count`` events have receipts."""
+        self.writer = asyncio.create_task(_write(self.database_url, KEYS, PER_KEY, 0.01))
+        await wait_until(lambda: _over(self.db, count), timeout=60)
+
+    async def finish(self) -> Counter[bytes]:
+        """Let the writer finish, wait for the drain, check the stream; return id counts."""
+        assert self.writer is not None
+        await self.writer
+        await wait_until(lambda: _drained(self.db), timeout=60)
+        records = await consume(
+            self.bootstrap, [f"{self.namespace}.agg"], count=KEYS * PER_KEY, settle=1.0
+        )
+        return _check_order_and_completeness(records, KEYS, PER_KEY)
+
+
+@pytest.fixture
+def stream(
     db: asyncpg.Connection,
     database_url: str,
     kafka_bootstrap: str,
     topic_namespace: str,
     policy_file: Path,
     processes: list[subprocess.Popen[bytes]],
-) -> None:
-    keys, per_key = 20, 60
-    first = _relay_process(database_url, kafka_bootstrap, topic_namespace, policy_file, "crashing")
-    processes.append(first)
-    writer = asyncio.create_task(_write(database_url, keys, per_key, 0.01))
-    await wait_until(lambda: _over(db, 300), timeout=60)
-    first.send_signal(signal.SIGKILL)
-    assert first.wait(timeout=10) == -signal.SIGKILL
-    await writer
-    second = _relay_process(database_url, kafka_bootstrap, topic_namespace, policy_file, "after")
-    processes.append(second)
-    await wait_until(lambda: _drained(db), timeout=60)
-    records = await consume(
-        kafka_bootstrap, [f"{topic_namespace}.agg"], count=keys * per_key, settle=1.0
-    )
-    ids = _check_order_and_completeness(records, keys, per_key)
-    duplicated = [i for i, n in ids.items() if n > 1]
-    # Only what was in flight when the process died can be published twice.
-    assert len(duplicated) <= BATCH * IN_FLIGHT
-    assert all(ids[i] == 2 for i in duplicated)
+) -> Stream:
+    return Stream(db, database_url, kafka_bootstrap, topic_namespace, policy_file, processes)
 
 
 async def _over(db: asyncpg.Connection, count: int) -> bool:
     return await _receipts(db) >= count
 
 
-async def test_sigterm_drains_in_flight_work_and_exits_0(
-    db: asyncpg.Connection,
-    database_url: str,
-    kafka_bootstrap: str,
-    topic_namespace: str,
-    policy_file: Path,
-    processes: list[subprocess.Popen[bytes]],
-) -> None:
-    keys, per_key = 20, 60
-    first = _relay_process(database_url, kafka_bootstrap, topic_namespace, policy_file, "stopping")
-    processes.append(first)
-    writer = asyncio.create_task(_write(database_url, keys, per_key, 0.01))
-    await wait_until(lambda: _over(db, 300), timeout=60)
+async def test_kill_9_mid_stream_then_restart_delivers_everything(stream: Stream) -> None:
+    first = stream.start("crashing")
+    await stream.write_until_published(300)
+    first.send_signal(signal.SIGKILL)
+    assert first.wait(timeout=10) == -signal.SIGKILL
+    stream.start("after")
+    ids = await stream.finish()
+    duplicated = [i for i, n in ids.items() if n > 1]
+    # Only what was in flight when the process died can be published twice.
+    assert len(duplicated) <= BATCH * IN_FLIGHT
+    assert all(ids[i] == 2 for i in duplicated)
+
+
+async def test_sigterm_drains_in_flight_work_and_exits_0(stream: Stream) -> None:
+    first = stream.start("stopping")
+    await stream.write_until_published(300)
     first.send_signal(signal.SIGTERM)
     code = await asyncio.get_running_loop().run_in_executor(None, first.wait, 15)
     assert code == 0
     # Its lanes were handed back, not left to expire.
-    assert await db.fetchval("SELECT count(*) FROM relay_lane WHERE owner_id = 'stopping'") == 0
-    await writer
-    second = _relay_process(database_url, kafka_bootstrap, topic_namespace, policy_file, "next")
-    processes.append(second)
-    await wait_until(lambda: _drained(db), timeout=60)
-    records = await consume(
-        kafka_bootstrap, [f"{topic_namespace}.agg"], count=keys * per_key, settle=1.0
-    )
-    ids = _check_order_and_completeness(records, keys, per_key)
+    held = await stream.db.fetchval("SELECT count(*) FROM relay_lane WHERE owner_id = 'stopping'")
+    assert held == 0
+    stream.start("next")
+    ids = await stream.finish()
     # Everything acknowledged before the exit was recorded: nothing published twice.
     assert max(ids.values()) == 1
 
@@ -192,18 +215,12 @@ def _metrics(port: int) -> str:
 
 
 async def test_two_relay_processes_split_lanes_and_take_over_from_a_killed_one(
-    db: asyncpg.Connection,
-    database_url: str,
-    kafka_bootstrap: str,
-    topic_namespace: str,
-    policy_file: Path,
-    processes: list[subprocess.Popen[bytes]],
+    stream: Stream,
 ) -> None:
-    keys, per_key = 20, 60
+    db = stream.db
     port_a = _free_port()
-    a = _relay_process(database_url, kafka_bootstrap, topic_namespace, policy_file, "a", port_a)
-    b = _relay_process(database_url, kafka_bootstrap, topic_namespace, policy_file, "b")
-    processes.extend([a, b])
+    stream.start("a", port_a)
+    b = stream.start("b")
     await wait_until(
         lambda: db.fetchval(
             "SELECT count(*) FILTER (WHERE owner_id = 'a') = 32 "
@@ -211,8 +228,7 @@ async def test_two_relay_processes_split_lanes_and_take_over_from_a_killed_one(
         ),
         timeout=30,
     )
-    writer = asyncio.create_task(_write(database_url, keys, per_key, 0.01))
-    await wait_until(lambda: _over(db, 300), timeout=60)
+    await stream.write_until_published(300)
     loop = asyncio.get_running_loop()
     b.send_signal(signal.SIGKILL)
     killed_at = loop.time()
@@ -227,12 +243,7 @@ async def test_two_relay_processes_split_lanes_and_take_over_from_a_killed_one(
     takeover = loop.time() - killed_at
     # Bounded by the lease TTL (3 s) plus one renewal round (0.5 s), with slack for CI.
     assert takeover < 3.0 + 0.5 + 1.5
-    await writer
-    await wait_until(lambda: _drained(db), timeout=60)
-    records = await consume(
-        kafka_bootstrap, [f"{topic_namespace}.agg"], count=keys * per_key, settle=1.0
-    )
-    ids = _check_order_and_completeness(records, keys, per_key)
+    ids = await stream.finish()
     assert sum(1 for n in ids.values() if n > 1) <= BATCH * IN_FLIGHT
     metrics = await loop.run_in_executor(None, _metrics, port_a)
     assert "outbox_relay_lanes_owned 64.0" in metrics
