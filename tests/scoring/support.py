@@ -2,11 +2,34 @@
 
 from __future__ import annotations
 
+import enum
+import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
+import pytest
 
+from contracts.envelope import JobCompleted, JobFailed, JsonValue
+from scoring.errors import ConflictingCompletion, ConflictingFailure
+from scoring.event_id import OutcomeKind, terminal_event_id
 from scoring.worker import ClaimedJob, claim_next_due, enqueue_job
+from scoring.writer import (
+    AGGREGATE_TYPE,
+    COMPLETED_EVENT_TYPE,
+    FAILED_EVENT_TYPE,
+    INSERT_EVENT_SQL,
+    Completion,
+    CompletionOutcome,
+    EventDetails,
+    Failure,
+    FailureOutcome,
+    PreparedEvent,
+    complete_job,
+    fail_job_permanently,
+    prepare_event,
+    prepare_failure_event,
+)
 
 
 async def leased_job(
@@ -74,3 +97,162 @@ FROM moved
 async def publish(conn: asyncpg.Connection, event_id: object) -> None:
     """Do what the relay does on delivery: move the row to outbox_receipt in one statement."""
     assert await conn.execute(PUBLISH_SQL, event_id) == "INSERT 0 1"
+
+
+# -- the two terminal outcomes a worker can write ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One of the two terminal outcomes (completion / permanent failure), for tests that
+    check the same scenario for both: how to write it, and what each side of it looks like."""
+
+    name: str
+    kind: OutcomeKind
+    ref: str  # the outcome_ref: result_ref of a completion, cause_code of a failure
+    ref_field: str
+    invalid_ref: str  # a malformed result_ref / cause_code
+    event_type: str
+    state: str  # scoring_state after the outcome
+    applied: enum.StrEnum  # Completion.COMPLETED / Failure.QUARANTINED
+    duplicate: enum.StrEnum  # Completion.DUPLICATE / Failure.DUPLICATE
+    conflict: type[Exception]  # what writing this outcome raises over a different terminal one
+    settle_sql: str  # the job row's transition alone, as a non-atomic writer would do it
+
+    def __str__(self) -> str:
+        return self.name
+
+    async def apply(
+        self,
+        conn: asyncpg.Connection,
+        *,
+        fencing_token: int,
+        event: EventDetails,
+        job_ref: str = "job-1",
+        ref: str | None = None,
+        data: JsonValue = None,
+    ) -> CompletionOutcome | FailureOutcome:
+        """Write this outcome (``data``: the completion's payload or the failure's detail)."""
+        if self.kind is OutcomeKind.COMPLETED:
+            return await complete_job(
+                conn,
+                job_ref=job_ref,
+                fencing_token=fencing_token,
+                result_ref=self.ref if ref is None else ref,
+                payload=data,
+                event=event,
+            )
+        return await fail_job_permanently(
+            conn,
+            job_ref=job_ref,
+            fencing_token=fencing_token,
+            cause_code=self.ref if ref is None else ref,
+            detail=data,
+            event=event,
+        )
+
+    def settled_row(self, fencing_token: int) -> dict[str, object]:
+        """The outcome columns of the job row once this outcome is written under ``fencing_token``."""
+        if self.kind is OutcomeKind.COMPLETED:
+            return {"result_ref": self.ref, "completed_fencing_token": fencing_token}
+        return {"result_ref": None, "completed_fencing_token": None, "last_failure_code": self.ref}
+
+    def result(self, outcome: CompletionOutcome | FailureOutcome) -> enum.StrEnum:
+        """What happened to the job row: ``outcome.completion`` or ``outcome.failure``."""
+        if isinstance(outcome, CompletionOutcome):
+            return outcome.completion
+        return outcome.failure
+
+    def event_id(self, job_ref: str = "job-1") -> uuid.UUID:
+        return terminal_event_id(job_ref, self.kind, self.ref)
+
+    def data(self, data: JsonValue, job_ref: str = "job-1") -> JobCompleted | JobFailed:
+        """The decoded event data a consumer sees."""
+        if self.kind is OutcomeKind.COMPLETED:
+            return JobCompleted(scoring_job_ref=job_ref, result_ref=self.ref, result=data)
+        return JobFailed(scoring_job_ref=job_ref, cause_code=self.ref, detail=data)
+
+    def prepare(
+        self, details: EventDetails, data: JsonValue, job_ref: str = "job-1"
+    ) -> PreparedEvent:
+        """The event this outcome would enqueue, prepared but not written."""
+        if self.kind is OutcomeKind.COMPLETED:
+            body: dict[str, JsonValue] = {
+                "outcome": "completed",
+                "scoring_job_ref": job_ref,
+                "result_ref": self.ref,
+                "result": data,
+            }
+            return prepare_event(
+                job_ref=job_ref,
+                kind=OutcomeKind.COMPLETED,
+                outcome_ref=self.ref,
+                data=body,
+                details=details,
+            )
+        return prepare_failure_event(
+            job_ref=job_ref, cause_code=self.ref, detail=data, event=details
+        )
+
+
+async def insert_event_row(
+    conn: asyncpg.Connection, prepared: PreparedEvent, occurred: int
+) -> None:
+    """Write an event row directly, as an earlier partial (non-atomic) writer would have."""
+    env = prepared.envelope
+    await conn.execute(
+        INSERT_EVENT_SQL,
+        prepared.event_id,
+        AGGREGATE_TYPE,
+        prepared.job_ref,
+        env.event_type,
+        prepared.body(occurred),
+        env.tenant_ref,
+        env.schema_version,
+        env.correlation_ref,
+        env.causation_ref,
+        prepared.traceparent,
+    )
+
+
+COMPLETION = Outcome(
+    name="completion",
+    kind=OutcomeKind.COMPLETED,
+    ref="r-1",
+    ref_field="result_ref",
+    invalid_ref=" r",
+    event_type=COMPLETED_EVENT_TYPE,
+    state="completed",
+    applied=Completion.COMPLETED,
+    duplicate=Completion.DUPLICATE,
+    conflict=ConflictingCompletion,
+    settle_sql="""UPDATE scoring_job_state SET scoring_state = 'completed', result_ref = 'r-1',
+           completed_fencing_token = attempt_count, active_worker_ref = NULL, active_lease_ref = NULL,
+           active_fencing_token = NULL, active_lease_expires_at_unix_ms = NULL,
+           updated_at = clock_timestamp() WHERE scoring_job_ref = 'job-1'""",
+)
+
+FAILURE = Outcome(
+    name="permanent_failure",
+    kind=OutcomeKind.FAILED,
+    ref="bad_input",
+    ref_field="cause_code",
+    invalid_ref="has space",
+    event_type=FAILED_EVENT_TYPE,
+    state="quarantined",
+    applied=Failure.QUARANTINED,
+    duplicate=Failure.DUPLICATE,
+    conflict=ConflictingFailure,
+    settle_sql="""UPDATE scoring_job_state SET scoring_state = 'quarantined', last_failure_code = 'bad_input',
+           active_worker_ref = NULL, active_lease_ref = NULL, active_fencing_token = NULL,
+           active_lease_expires_at_unix_ms = NULL, updated_at = clock_timestamp()
+           WHERE scoring_job_ref = 'job-1'""",
+)
+
+OUTCOMES = pytest.mark.parametrize("outcome", [COMPLETION, FAILURE], ids=str)
+"""Run a test once per terminal outcome, as ``outcome: Outcome``."""
+
+
+def other(outcome: Outcome) -> Outcome:
+    """The other terminal outcome."""
+    return FAILURE if outcome is COMPLETION else COMPLETION

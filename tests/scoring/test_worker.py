@@ -18,10 +18,28 @@ from scoring.worker import (
     exponential_backoff_ms,
     fail_retryable,
 )
-from scoring.writer import Enqueue, EventDetails, Failure, FailureOutcome, complete_job
-from tests.scoring.support import events, expire_lease, job, leased_job
+from scoring.writer import Enqueue, EventDetails, Failure, FailureOutcome
+from tests.scoring.support import COMPLETION, FAILURE, events, expire_lease, job, leased_job
 
 CLOCK_SQL = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+
+
+async def _fail_retryable(
+    conn: asyncpg.Connection,
+    fencing_token: int,
+    details: EventDetails,
+    *,
+    retry_delay_ms: int = 0,
+) -> RetryScheduled | FailureOutcome:
+    """Report a ``timeout`` of job-1 under ``fencing_token``."""
+    return await fail_retryable(
+        conn,
+        job_ref="job-1",
+        fencing_token=fencing_token,
+        cause_code="timeout",
+        retry_delay_ms=retry_delay_ms,
+        event=details,
+    )
 
 
 async def test_claim_takes_the_oldest_due_job_by_created_at_then_ref(
@@ -71,14 +89,7 @@ async def test_retryable_failure_schedules_the_next_attempt(
 ) -> None:
     claimed = await leased_job(db, max_attempts=3)
     before = await db.fetchval(CLOCK_SQL)
-    retry = await fail_retryable(
-        db,
-        job_ref="job-1",
-        fencing_token=claimed.fencing_token,
-        cause_code="timeout",
-        retry_delay_ms=60_000,
-        event=details,
-    )
+    retry = await _fail_retryable(db, claimed.fencing_token, details, retry_delay_ms=60_000)
     assert isinstance(retry, RetryScheduled)
     assert retry.next_attempt_at_unix_ms >= before + 60_000
     assert not retry.duplicate
@@ -89,14 +100,7 @@ async def test_retryable_failure_schedules_the_next_attempt(
         None,
     )
     # A replay of the same failure is recognised; the job is not due yet, so nobody claims it.
-    again = await fail_retryable(
-        db,
-        job_ref="job-1",
-        fencing_token=claimed.fencing_token,
-        cause_code="timeout",
-        retry_delay_ms=60_000,
-        event=details,
-    )
+    again = await _fail_retryable(db, claimed.fencing_token, details, retry_delay_ms=60_000)
     assert again == RetryScheduled("job-1", retry.next_attempt_at_unix_ms, duplicate=True)
     assert await claim_next_due(db, worker_ref="worker-b", lease_ms=1000) is None
     await db.execute("UPDATE scoring_job_state SET next_attempt_at_unix_ms = 1")
@@ -110,14 +114,7 @@ async def test_retryable_failure_with_the_budget_spent_quarantines_with_its_even
     db: asyncpg.Connection, details: EventDetails
 ) -> None:
     claimed = await leased_job(db, max_attempts=1)
-    outcome = await fail_retryable(
-        db,
-        job_ref="job-1",
-        fencing_token=claimed.fencing_token,
-        cause_code="timeout",
-        retry_delay_ms=0,
-        event=details,
-    )
+    outcome = await _fail_retryable(db, claimed.fencing_token, details)
     assert isinstance(outcome, FailureOutcome)
     assert (outcome.failure, outcome.enqueue) == (Failure.QUARANTINED, Enqueue.INSERTED)
     assert outcome.event_id == terminal_event_id("job-1", OutcomeKind.FAILED, "timeout")
@@ -125,14 +122,7 @@ async def test_retryable_failure_with_the_budget_spent_quarantines_with_its_even
     assert (row["scoring_state"], row["last_failure_code"]) == ("quarantined", "timeout")
     [event] = await events(db)
     assert decode_outcome_event(event["payload"]).data == JobFailed("job-1", "timeout", None)
-    replay = await fail_retryable(
-        db,
-        job_ref="job-1",
-        fencing_token=claimed.fencing_token,
-        cause_code="timeout",
-        retry_delay_ms=0,
-        event=details,
-    )
+    replay = await _fail_retryable(db, claimed.fencing_token, details)
     assert isinstance(replay, FailureOutcome)
     assert (replay.failure, replay.enqueue) == (Failure.DUPLICATE, Enqueue.DUPLICATE)
 
@@ -140,24 +130,10 @@ async def test_retryable_failure_with_the_budget_spent_quarantines_with_its_even
 async def test_retryable_failure_is_fenced(db: asyncpg.Connection, details: EventDetails) -> None:
     claimed = await leased_job(db)
     with pytest.raises(StaleLease):
-        await fail_retryable(
-            db,
-            job_ref="job-1",
-            fencing_token=9,
-            cause_code="timeout",
-            retry_delay_ms=0,
-            event=details,
-        )
+        await _fail_retryable(db, 9, details)
     await expire_lease(db, "job-1")
     with pytest.raises(LeaseExpired):
-        await fail_retryable(
-            db,
-            job_ref="job-1",
-            fencing_token=claimed.fencing_token,
-            cause_code="timeout",
-            retry_delay_ms=0,
-            event=details,
-        )
+        await _fail_retryable(db, claimed.fencing_token, details)
     assert (await job(db))["scoring_state"] == "leased"
 
 
@@ -190,24 +166,16 @@ async def test_expired_leases_are_rescheduled_or_quarantined_with_their_event(
 
     # The dead worker's late completion is refused; the job goes to a new lease.
     with pytest.raises(NotLeased):
-        await complete_job(
-            db,
-            job_ref="job-retry",
-            fencing_token=retry.fencing_token,
-            result_ref="r-1",
-            event=details,
+        await COMPLETION.apply(
+            db, job_ref="job-retry", fencing_token=retry.fencing_token, event=details
         )
     again = await claim_next_due(db, worker_ref="worker-b", lease_ms=1000)
     assert again is not None
     assert (again.job_ref, again.fencing_token) == ("job-retry", 2)
     # The worker whose lease was quarantined sees the terminal outcome as a conflict.
     with pytest.raises(Exception, match="already failed"):
-        await complete_job(
-            db,
-            job_ref="job-spent",
-            fencing_token=spent.fencing_token,
-            result_ref="r-1",
-            event=details,
+        await COMPLETION.apply(
+            db, job_ref="job-spent", fencing_token=spent.fencing_token, event=details
         )
     # Nothing left to expire.
     nothing = await expire_leases(db, limit=10, event=details)
@@ -234,17 +202,11 @@ async def test_expire_leases_respects_the_limit_oldest_expiry_first(
 async def test_a_quarantined_expired_lease_replays_as_duplicate_for_the_worker(
     db: asyncpg.Connection, details: EventDetails
 ) -> None:
-    from scoring.writer import fail_job_permanently
-
     claimed = await leased_job(db, max_attempts=1)
     await expire_lease(db, "job-1")
     await expire_leases(db, limit=10, event=details)
-    outcome = await fail_job_permanently(
-        db,
-        job_ref="job-1",
-        fencing_token=claimed.fencing_token,
-        cause_code=LEASE_EXPIRED,
-        event=details,
+    outcome = await FAILURE.apply(
+        db, fencing_token=claimed.fencing_token, ref=LEASE_EXPIRED, event=details
     )
     assert (outcome.failure, outcome.enqueue) == (Failure.DUPLICATE, Enqueue.DUPLICATE)
     assert len(await events(db)) == 1
@@ -259,17 +221,11 @@ async def test_cancel(db: asyncpg.Connection, details: EventDetails) -> None:
     row = await job(db, "job-l")
     assert (row["scoring_state"], row["active_lease_ref"]) == ("cancelled", None)
     with pytest.raises(NotLeased):
-        await complete_job(
-            db,
-            job_ref="job-l",
-            fencing_token=claimed.fencing_token,
-            result_ref="r-1",
-            event=details,
+        await COMPLETION.apply(
+            db, job_ref="job-l", fencing_token=claimed.fencing_token, event=details
         )
     done = await leased_job(db, "job-d")
-    await complete_job(
-        db, job_ref="job-d", fencing_token=done.fencing_token, result_ref="r-1", event=details
-    )
+    await COMPLETION.apply(db, job_ref="job-d", fencing_token=done.fencing_token, event=details)
     with pytest.raises(NotCancellable):
         await cancel_job(db, job_ref="job-d")
 

@@ -9,10 +9,8 @@ import uuid
 import asyncpg
 import pytest
 
-from contracts.envelope import JobCompleted, JobFailed, data_digest, decode_outcome_event
+from contracts.envelope import JobCompleted, data_digest, decode_outcome_event
 from scoring.errors import (
-    ConflictingCompletion,
-    ConflictingFailure,
     ConflictingReplay,
     EventIdMismatch,
     InvalidArgument,
@@ -25,172 +23,228 @@ from scoring.errors import (
 from scoring.event_id import OutcomeKind, terminal_event_id
 from scoring.worker import claim_next_due, enqueue_job, expire_leases
 from scoring.writer import (
-    INSERT_EVENT_SQL,
     Completion,
     Enqueue,
     EventDetails,
-    Failure,
     complete_job,
-    fail_job_permanently,
-    prepare_event,
-    prepare_failure_event,
 )
 from tests.scoring.conftest import TRACEPARENT
-from tests.scoring.support import events, expire_lease, job, leased_job, publish, receipts
+from tests.scoring.support import (
+    COMPLETION,
+    OUTCOMES,
+    Outcome,
+    events,
+    expire_lease,
+    insert_event_row,
+    job,
+    leased_job,
+    other,
+    publish,
+    receipts,
+)
 
 RESULT = {"score": 0.73, "labels": ["a", "b"], "model": "m-3"}
 
 
-async def _insert_event_row(conn: asyncpg.Connection, prepared: object, occurred: int) -> None:
-    """Write an event row directly, as an earlier partial (non-atomic) writer would have."""
-    from scoring.writer import AGGREGATE_TYPE, PreparedEvent
-
-    assert isinstance(prepared, PreparedEvent)
-    env = prepared.envelope
-    await conn.execute(
-        INSERT_EVENT_SQL,
-        prepared.event_id,
-        AGGREGATE_TYPE,
-        prepared.job_ref,
-        env.event_type,
-        prepared.body(occurred),
-        env.tenant_ref,
-        env.schema_version,
-        env.correlation_ref,
-        env.causation_ref,
-        prepared.traceparent,
-    )
+# -- either outcome: completion and permanent failure ------------------------------------------
+# The same scenario for both terminal outcomes; ``data`` is the completion's payload or the
+# failure's detail.
 
 
-def _completion_event(
-    job_ref: str, result_ref: str, result: object, details: EventDetails
-) -> object:
-    data = {
-        "outcome": "completed",
-        "scoring_job_ref": job_ref,
-        "result_ref": result_ref,
-        "result": result,
-    }
-    return prepare_event(
-        job_ref=job_ref,
-        kind=OutcomeKind.COMPLETED,
-        outcome_ref=result_ref,
-        data=data,  # type: ignore[arg-type]
-        details=details,
-    )
-
-
-# -- completion ----------------------------------------------------------------------------
-
-
-async def test_completion_and_its_event_commit_together(
-    db: asyncpg.Connection, details: EventDetails
+@OUTCOMES
+async def test_the_outcome_and_its_event_commit_together(
+    db: asyncpg.Connection, details: EventDetails, outcome: Outcome
 ) -> None:
     claimed = await leased_job(db)
-    outcome = await complete_job(
-        db,
-        job_ref="job-1",
-        fencing_token=claimed.fencing_token,
-        result_ref="r-1",
-        payload=RESULT,
-        event=details,
+    written = await outcome.apply(
+        db, fencing_token=claimed.fencing_token, data=RESULT, event=details
     )
-    assert (outcome.completion, outcome.enqueue) == (Completion.COMPLETED, Enqueue.INSERTED)
-    assert outcome.event_id == terminal_event_id("job-1", OutcomeKind.COMPLETED, "r-1")
+    assert (outcome.result(written), written.enqueue) == (outcome.applied, Enqueue.INSERTED)
+    assert written.event_id == outcome.event_id()
 
     row = await job(db)
-    assert row["scoring_state"] == "completed"
-    assert row["result_ref"] == "r-1"
-    assert row["completed_fencing_token"] == row["attempt_count"] == claimed.fencing_token
+    assert row["scoring_state"] == outcome.state
+    assert {k: row[k] for k in outcome.settled_row(claimed.fencing_token)} == outcome.settled_row(
+        claimed.fencing_token
+    )
+    assert row["attempt_count"] == claimed.fencing_token
     assert row["active_lease_ref"] is None
     assert row["active_fencing_token"] is None
-    assert outcome.occurred_at_unix_ms == row["updated_at_unix_ms"]
+    assert written.occurred_at_unix_ms == row["updated_at_unix_ms"]
 
     [event] = await events(db)
-    assert event["id"] == outcome.event_id
+    assert event["id"] == written.event_id
     assert (event["aggregatetype"], event["aggregateid"], event["type"]) == (
         "scoring_job",
         "job-1",
-        "scoring.result.completed",
+        outcome.event_type,
     )
     assert (event["tenant_ref"], event["schema_version"]) == ("tenant-a", "1")
     assert (event["correlation_ref"], event["causation_ref"]) == ("corr-1", "req-1")
     assert event["traceparent"] == TRACEPARENT
 
     body = decode_outcome_event(event["payload"])
-    assert body.envelope.event_ref == str(outcome.event_id)
+    assert body.envelope.event_ref == str(written.event_id)
     assert body.envelope.subject_ref == "job-1"
-    assert body.envelope.occurred_at_unix_ms == outcome.occurred_at_unix_ms
+    assert body.envelope.occurred_at_unix_ms == written.occurred_at_unix_ms
     assert body.envelope.source == "urn:scoring-worker"
-    assert body.data == JobCompleted(scoring_job_ref="job-1", result_ref="r-1", result=RESULT)
+    assert body.data == outcome.data(RESULT)
     # A consumer recomputes the digest from what PostgreSQL hands out.
     assert data_digest(event["payload"]) == body.envelope.payload_digest
 
 
+@OUTCOMES
 async def test_an_exact_replay_is_a_duplicate_with_no_second_event(
-    db: asyncpg.Connection, details: EventDetails
+    db: asyncpg.Connection, details: EventDetails, outcome: Outcome
 ) -> None:
     claimed = await leased_job(db)
-    first = await complete_job(
-        db,
-        job_ref="job-1",
-        fencing_token=claimed.fencing_token,
-        result_ref="r-1",
-        payload=RESULT,
-        event=details,
-    )
+    first = await outcome.apply(db, fencing_token=claimed.fencing_token, data=RESULT, event=details)
     # A retry may carry new attempt metadata (trace, correlation): still the same outcome.
     retried = dataclasses.replace(details, correlation_ref="corr-2", traceparent=None)
-    again = await complete_job(
-        db,
-        job_ref="job-1",
-        fencing_token=claimed.fencing_token,
-        result_ref="r-1",
-        payload=RESULT,
-        event=retried,
-    )
-    assert (again.completion, again.enqueue) == (Completion.DUPLICATE, Enqueue.DUPLICATE)
-    assert (again.event_id, again.occurred_at_unix_ms) == (
-        first.event_id,
-        first.occurred_at_unix_ms,
-    )
+    for event in (details, retried):
+        again = await outcome.apply(
+            db, fencing_token=claimed.fencing_token, data=RESULT, event=event
+        )
+        assert (outcome.result(again), again.enqueue) == (outcome.duplicate, Enqueue.DUPLICATE)
+        assert (again.event_id, again.occurred_at_unix_ms) == (
+            first.event_id,
+            first.occurred_at_unix_ms,
+        )
     assert len(await events(db)) == 1
 
 
-async def test_a_different_outcome_for_a_completed_job_conflicts(
-    db: asyncpg.Connection, details: EventDetails
+@OUTCOMES
+async def test_a_different_outcome_for_a_finished_job_conflicts(
+    db: asyncpg.Connection, details: EventDetails, outcome: Outcome
 ) -> None:
     claimed = await leased_job(db)
-    await complete_job(
-        db, job_ref="job-1", fencing_token=claimed.fencing_token, result_ref="r-1", event=details
-    )
+    await outcome.apply(db, fencing_token=claimed.fencing_token, event=details)
     before = await job(db)
-    with pytest.raises(ConflictingCompletion):
-        await complete_job(
-            db,
-            job_ref="job-1",
-            fencing_token=claimed.fencing_token,
-            result_ref="r-2",
-            event=details,
-        )
-    with pytest.raises(ConflictingCompletion):
-        await complete_job(
-            db,
-            job_ref="job-1",
-            fencing_token=claimed.fencing_token + 1,
-            result_ref="r-1",
-            event=details,
-        )
-    with pytest.raises(ConflictingFailure):
-        await fail_job_permanently(
-            db,
-            job_ref="job-1",
-            fencing_token=claimed.fencing_token,
-            cause_code="bad_input",
-            event=details,
-        )
+    with pytest.raises(outcome.conflict):  # another result / cause
+        await outcome.apply(db, fencing_token=claimed.fencing_token, ref="other-2", event=details)
+    with pytest.raises(outcome.conflict):  # the same one under another fence
+        await outcome.apply(db, fencing_token=claimed.fencing_token + 1, event=details)
+    with pytest.raises(other(outcome).conflict):  # the other terminal outcome
+        await other(outcome).apply(db, fencing_token=claimed.fencing_token, event=details)
     assert await job(db) == before
     assert len(await events(db)) == 1
+
+
+@OUTCOMES
+async def test_a_late_outbox_conflict_rolls_the_outcome_back(
+    db: asyncpg.Connection, details: EventDetails, outcome: Outcome
+) -> None:
+    claimed = await leased_job(db)
+    # Another writer already put different content under the id this outcome derives.
+    await insert_event_row(db, outcome.prepare(details, {"score": 0.99}), 1)
+    before = await job(db)
+
+    with pytest.raises(ConflictingReplay):
+        await outcome.apply(db, fencing_token=claimed.fencing_token, data=RESULT, event=details)
+
+    after = await job(db)
+    assert after["scoring_state"] == "leased"
+    assert after["active_fencing_token"] == claimed.fencing_token
+    assert after["active_lease_ref"] == claimed.lease_ref
+    assert after["result_ref"] is None
+    assert after == before
+    [event] = await events(db)
+    assert decode_outcome_event(event["payload"]).data == outcome.data({"score": 0.99})
+
+
+@OUTCOMES
+async def test_refused_outcomes_enqueue_nothing(
+    db: asyncpg.Connection, details: EventDetails, outcome: Outcome
+) -> None:
+    first = await leased_job(db)
+    # A fence the lease never had is stale.
+    with pytest.raises(StaleLease):
+        await outcome.apply(db, fencing_token=first.fencing_token + 1, event=details)
+    await expire_lease(db, "job-1")
+    # Expired lease (database clock): refused although the fence is current.
+    with pytest.raises(LeaseExpired) as expired:
+        await outcome.apply(db, fencing_token=first.fencing_token, event=details)
+    assert expired.value.expired_at_unix_ms < expired.value.now_unix_ms
+    # The sweeper reschedules it and another worker claims it: the first fence is stale.
+    assert (await expire_leases(db, limit=10, event=details)).rescheduled == ("job-1",)
+    second = await claim_next_due(db, worker_ref="worker-b", lease_ms=60_000)
+    assert second is not None
+    assert second.fencing_token == first.fencing_token + 1
+    with pytest.raises(StaleLease) as stale:
+        await outcome.apply(db, fencing_token=first.fencing_token, event=details)
+    assert (stale.value.given, stale.value.current) == (first.fencing_token, second.fencing_token)
+    # Not leased at all, and no such job.
+    await enqueue_job(db, job_ref="job-queued", request_ref="req-q", max_attempts=1)
+    with pytest.raises(NotLeased) as not_leased:
+        await outcome.apply(db, job_ref="job-queued", fencing_token=1, event=details)
+    assert not_leased.value.state == "queued"
+    with pytest.raises(UnknownJob):
+        await outcome.apply(db, job_ref="job-nope", fencing_token=1, event=details)
+    # A malformed result_ref / cause_code.
+    with pytest.raises(InvalidArgument) as invalid:
+        await outcome.apply(
+            db, fencing_token=second.fencing_token, ref=outcome.invalid_ref, event=details
+        )
+    assert invalid.value.field == outcome.ref_field
+
+    assert await events(db) == []
+    row = await job(db)
+    assert (row["scoring_state"], row["active_fencing_token"], row["result_ref"]) == (
+        "leased",
+        second.fencing_token,
+        None,
+    )
+
+
+@OUTCOMES
+async def test_a_job_row_settled_without_its_outbox_row_reconciles_as_duplicate_inserted(
+    db: asyncpg.Connection, details: EventDetails, outcome: Outcome
+) -> None:
+    claimed = await leased_job(db)
+    # The scoring service's own, non-atomic outcome: the job row only.
+    await db.execute(outcome.settle_sql)
+    settled = await job(db)
+    assert settled["scoring_state"] == outcome.state
+    written = await outcome.apply(
+        db, fencing_token=claimed.fencing_token, data=RESULT, event=details
+    )
+    assert (outcome.result(written), written.enqueue) == (outcome.duplicate, Enqueue.INSERTED)
+    # The event says when the job settled, not when it was reconciled.
+    assert written.occurred_at_unix_ms == settled["updated_at_unix_ms"]
+    assert await job(db) == settled
+    [event] = await events(db)
+    assert event["id"] == written.event_id
+
+
+@OUTCOMES
+async def test_an_outbox_row_with_the_job_still_leased_reconciles_as_applied_duplicate(
+    db: asyncpg.Connection, details: EventDetails, outcome: Outcome
+) -> None:
+    claimed = await leased_job(db)
+    await insert_event_row(db, outcome.prepare(details, RESULT), 1)
+    written = await outcome.apply(
+        db, fencing_token=claimed.fencing_token, data=RESULT, event=details
+    )
+    assert (outcome.result(written), written.enqueue) == (outcome.applied, Enqueue.DUPLICATE)
+    assert (await job(db))["scoring_state"] == outcome.state
+    assert len(await events(db)) == 1
+
+
+@OUTCOMES
+async def test_an_already_published_event_is_not_enqueued_again(
+    db: asyncpg.Connection, details: EventDetails, outcome: Outcome
+) -> None:
+    claimed = await leased_job(db)
+    first = await outcome.apply(db, fencing_token=claimed.fencing_token, event=details)
+    await publish(db, first.event_id)
+    assert await events(db) == []
+    again = await outcome.apply(db, fencing_token=claimed.fencing_token, event=details)
+    assert (outcome.result(again), again.enqueue) == (outcome.duplicate, Enqueue.DUPLICATE)
+    assert await events(db) == []
+    assert [r["id"] for r in await receipts(db)] == [first.event_id]
+
+
+# -- completion ----------------------------------------------------------------------------
 
 
 async def test_same_result_ref_with_a_different_payload_is_a_conflicting_replay(
@@ -219,42 +273,11 @@ async def test_same_result_ref_with_a_different_payload_is_a_conflicting_replay(
     assert decode_outcome_event(event["payload"]).data == JobCompleted("job-1", "r-1", RESULT)
 
 
-async def test_a_late_outbox_conflict_rolls_the_completion_back(
-    db: asyncpg.Connection, details: EventDetails
-) -> None:
-    claimed = await leased_job(db)
-    # Another writer already put different content under the id this completion derives.
-    foreign = _completion_event("job-1", "r-1", {"score": 0.99}, details)
-    await _insert_event_row(db, foreign, 1)
-    before = await job(db)
-
-    with pytest.raises(ConflictingReplay):
-        await complete_job(
-            db,
-            job_ref="job-1",
-            fencing_token=claimed.fencing_token,
-            result_ref="r-1",
-            payload=RESULT,
-            event=details,
-        )
-
-    after = await job(db)
-    assert after["scoring_state"] == "leased"
-    assert after["active_fencing_token"] == claimed.fencing_token
-    assert after["active_lease_ref"] == claimed.lease_ref
-    assert after["result_ref"] is None
-    assert after == before
-    [event] = await events(db)
-    assert decode_outcome_event(event["payload"]).data == JobCompleted(
-        "job-1", "r-1", {"score": 0.99}
-    )
-
-
 async def test_a_late_conflict_in_the_callers_transaction_can_only_roll_back(
     db: asyncpg.Connection, details: EventDetails
 ) -> None:
     claimed = await leased_job(db)
-    await _insert_event_row(db, _completion_event("job-1", "r-1", {"score": 0.99}, details), 1)
+    await insert_event_row(db, COMPLETION.prepare(details, {"score": 0.99}), 1)
     tr = db.transaction()
     await tr.start()
     await enqueue_job(db, job_ref="job-side-effect", request_ref="req-x", max_attempts=1)
@@ -281,115 +304,12 @@ async def test_a_late_conflict_in_the_callers_transaction_can_only_roll_back(
     assert len(await events(db)) == 1
 
 
-async def test_refused_completions_enqueue_nothing(
-    db: asyncpg.Connection, details: EventDetails
-) -> None:
-    first = await leased_job(db)
-    await expire_lease(db, "job-1")
-    # Expired lease (database clock): refused although the fence is current.
-    with pytest.raises(LeaseExpired) as expired:
-        await complete_job(
-            db, job_ref="job-1", fencing_token=first.fencing_token, result_ref="r-1", event=details
-        )
-    assert expired.value.expired_at_unix_ms < expired.value.now_unix_ms
-    # The sweeper reschedules it and another worker claims it: the first fence is stale.
-    assert (await expire_leases(db, limit=10, event=details)).rescheduled == ("job-1",)
-    second = await claim_next_due(db, worker_ref="worker-b", lease_ms=60_000)
-    assert second is not None
-    assert second.fencing_token == first.fencing_token + 1
-    with pytest.raises(StaleLease) as stale:
-        await complete_job(
-            db, job_ref="job-1", fencing_token=first.fencing_token, result_ref="r-1", event=details
-        )
-    assert (stale.value.given, stale.value.current) == (first.fencing_token, second.fencing_token)
-    # Not leased at all, and no such job.
-    await enqueue_job(db, job_ref="job-queued", request_ref="req-q", max_attempts=1)
-    with pytest.raises(NotLeased) as not_leased:
-        await complete_job(
-            db, job_ref="job-queued", fencing_token=1, result_ref="r-1", event=details
-        )
-    assert not_leased.value.state == "queued"
-    with pytest.raises(UnknownJob):
-        await complete_job(db, job_ref="job-nope", fencing_token=1, result_ref="r-1", event=details)
-
-    assert await events(db) == []
-    row = await job(db)
-    assert (row["scoring_state"], row["active_fencing_token"], row["result_ref"]) == (
-        "leased",
-        second.fencing_token,
-        None,
-    )
-
-
-async def test_completed_without_an_outbox_row_reconciles_as_duplicate_inserted(
-    db: asyncpg.Connection, details: EventDetails
-) -> None:
-    claimed = await leased_job(db)
-    # The scoring service's own, non-atomic completion: the job row only.
-    await db.execute(
-        """UPDATE scoring_job_state SET scoring_state = 'completed', result_ref = 'r-1',
-           completed_fencing_token = attempt_count, active_worker_ref = NULL, active_lease_ref = NULL,
-           active_fencing_token = NULL, active_lease_expires_at_unix_ms = NULL,
-           updated_at = clock_timestamp() WHERE scoring_job_ref = 'job-1'"""
-    )
-    completed = await job(db)
-    outcome = await complete_job(
-        db,
-        job_ref="job-1",
-        fencing_token=claimed.fencing_token,
-        result_ref="r-1",
-        payload=RESULT,
-        event=details,
-    )
-    assert (outcome.completion, outcome.enqueue) == (Completion.DUPLICATE, Enqueue.INSERTED)
-    # The event says when the job completed, not when it was reconciled.
-    assert outcome.occurred_at_unix_ms == completed["updated_at_unix_ms"]
-    assert await job(db) == completed
-    [event] = await events(db)
-    assert event["id"] == outcome.event_id
-
-
-async def test_an_outbox_row_with_the_job_still_leased_reconciles_as_completed_duplicate(
-    db: asyncpg.Connection, details: EventDetails
-) -> None:
-    claimed = await leased_job(db)
-    await _insert_event_row(db, _completion_event("job-1", "r-1", RESULT, details), 1)
-    outcome = await complete_job(
-        db,
-        job_ref="job-1",
-        fencing_token=claimed.fencing_token,
-        result_ref="r-1",
-        payload=RESULT,
-        event=details,
-    )
-    assert (outcome.completion, outcome.enqueue) == (Completion.COMPLETED, Enqueue.DUPLICATE)
-    assert (await job(db))["scoring_state"] == "completed"
-    assert len(await events(db)) == 1
-
-
-async def test_an_already_published_event_is_not_enqueued_again(
-    db: asyncpg.Connection, details: EventDetails
-) -> None:
-    claimed = await leased_job(db)
-    first = await complete_job(
-        db, job_ref="job-1", fencing_token=claimed.fencing_token, result_ref="r-1", event=details
-    )
-    await publish(db, first.event_id)
-    assert await events(db) == []
-    again = await complete_job(
-        db, job_ref="job-1", fencing_token=claimed.fencing_token, result_ref="r-1", event=details
-    )
-    assert (again.completion, again.enqueue) == (Completion.DUPLICATE, Enqueue.DUPLICATE)
-    assert await events(db) == []
-    assert [r["id"] for r in await receipts(db)] == [first.event_id]
-
-
 async def test_a_receipt_with_the_job_still_leased_reconciles_as_completed_duplicate(
     db: asyncpg.Connection, details: EventDetails
 ) -> None:
     claimed = await leased_job(db)
-    prepared = _completion_event("job-1", "r-1", None, details)
-    await _insert_event_row(db, prepared, 1)
+    prepared = COMPLETION.prepare(details, None)
+    await insert_event_row(db, prepared, 1)
     await publish(db, terminal_event_id("job-1", OutcomeKind.COMPLETED, "r-1"))
     outcome = await complete_job(
         db, job_ref="job-1", fencing_token=claimed.fencing_token, result_ref="r-1", event=details
@@ -548,190 +468,6 @@ async def test_a_caller_supplied_event_id_must_be_the_derived_one(
         event=dataclasses.replace(details, event_id=derived),
     )
     assert outcome.event_id == derived
-
-
-# -- permanent failure -----------------------------------------------------------------------
-
-
-async def test_permanent_failure_and_its_event_commit_together(
-    db: asyncpg.Connection, details: EventDetails
-) -> None:
-    claimed = await leased_job(db)
-    outcome = await fail_job_permanently(
-        db,
-        job_ref="job-1",
-        fencing_token=claimed.fencing_token,
-        cause_code="bad_input",
-        detail={"field": "age"},
-        event=details,
-    )
-    assert (outcome.failure, outcome.enqueue) == (Failure.QUARANTINED, Enqueue.INSERTED)
-    assert outcome.event_id == terminal_event_id("job-1", OutcomeKind.FAILED, "bad_input")
-    row = await job(db)
-    assert (row["scoring_state"], row["last_failure_code"], row["result_ref"]) == (
-        "quarantined",
-        "bad_input",
-        None,
-    )
-    assert row["active_lease_ref"] is None
-    [event] = await events(db)
-    assert (event["id"], event["type"]) == (outcome.event_id, "scoring.job.failed")
-    body = decode_outcome_event(event["payload"])
-    assert body.data == JobFailed(
-        scoring_job_ref="job-1", cause_code="bad_input", detail={"field": "age"}
-    )
-    assert body.envelope.occurred_at_unix_ms == row["updated_at_unix_ms"]
-    assert data_digest(event["payload"]) == body.envelope.payload_digest
-
-    again = await fail_job_permanently(
-        db,
-        job_ref="job-1",
-        fencing_token=claimed.fencing_token,
-        cause_code="bad_input",
-        detail={"field": "age"},
-        event=details,
-    )
-    assert (again.failure, again.enqueue) == (Failure.DUPLICATE, Enqueue.DUPLICATE)
-    with pytest.raises(ConflictingFailure):
-        await fail_job_permanently(
-            db,
-            job_ref="job-1",
-            fencing_token=claimed.fencing_token,
-            cause_code="other",
-            event=details,
-        )
-    with pytest.raises(ConflictingCompletion):
-        await complete_job(
-            db,
-            job_ref="job-1",
-            fencing_token=claimed.fencing_token,
-            result_ref="r-1",
-            event=details,
-        )
-    assert len(await events(db)) == 1
-
-
-async def test_refused_failures_enqueue_nothing(
-    db: asyncpg.Connection, details: EventDetails
-) -> None:
-    claimed = await leased_job(db)
-    with pytest.raises(StaleLease):
-        await fail_job_permanently(
-            db,
-            job_ref="job-1",
-            fencing_token=claimed.fencing_token + 1,
-            cause_code="bad_input",
-            event=details,
-        )
-    await expire_lease(db, "job-1")
-    with pytest.raises(LeaseExpired):
-        await fail_job_permanently(
-            db,
-            job_ref="job-1",
-            fencing_token=claimed.fencing_token,
-            cause_code="bad_input",
-            event=details,
-        )
-    await enqueue_job(db, job_ref="job-queued", request_ref="req-q", max_attempts=1)
-    with pytest.raises(NotLeased):
-        await fail_job_permanently(
-            db, job_ref="job-queued", fencing_token=1, cause_code="bad_input", event=details
-        )
-    with pytest.raises(InvalidArgument):
-        await fail_job_permanently(
-            db,
-            job_ref="job-1",
-            fencing_token=claimed.fencing_token,
-            cause_code="has space",
-            event=details,
-        )
-    assert await events(db) == []
-    assert (await job(db))["scoring_state"] == "leased"
-
-
-async def test_quarantined_without_an_outbox_row_reconciles_as_duplicate_inserted(
-    db: asyncpg.Connection, details: EventDetails
-) -> None:
-    claimed = await leased_job(db)
-    await db.execute(
-        """UPDATE scoring_job_state SET scoring_state = 'quarantined', last_failure_code = 'bad_input',
-           active_worker_ref = NULL, active_lease_ref = NULL, active_fencing_token = NULL,
-           active_lease_expires_at_unix_ms = NULL, updated_at = clock_timestamp()
-           WHERE scoring_job_ref = 'job-1'"""
-    )
-    outcome = await fail_job_permanently(
-        db,
-        job_ref="job-1",
-        fencing_token=claimed.fencing_token,
-        cause_code="bad_input",
-        event=details,
-    )
-    assert (outcome.failure, outcome.enqueue) == (Failure.DUPLICATE, Enqueue.INSERTED)
-    assert outcome.occurred_at_unix_ms == (await job(db))["updated_at_unix_ms"]
-    assert len(await events(db)) == 1
-
-
-async def test_a_failure_event_with_the_job_still_leased_reconciles_as_quarantined_duplicate(
-    db: asyncpg.Connection, details: EventDetails
-) -> None:
-    claimed = await leased_job(db)
-    prepared = prepare_failure_event(
-        job_ref="job-1", cause_code="bad_input", detail=None, event=details
-    )
-    await _insert_event_row(db, prepared, 1)
-    outcome = await fail_job_permanently(
-        db,
-        job_ref="job-1",
-        fencing_token=claimed.fencing_token,
-        cause_code="bad_input",
-        event=details,
-    )
-    assert (outcome.failure, outcome.enqueue) == (Failure.QUARANTINED, Enqueue.DUPLICATE)
-    assert len(await events(db)) == 1
-
-
-async def test_a_late_outbox_conflict_rolls_the_failure_back(
-    db: asyncpg.Connection, details: EventDetails
-) -> None:
-    claimed = await leased_job(db)
-    foreign = prepare_failure_event(
-        job_ref="job-1", cause_code="bad_input", detail={"other": True}, event=details
-    )
-    await _insert_event_row(db, foreign, 1)
-    before = await job(db)
-    with pytest.raises(ConflictingReplay):
-        await fail_job_permanently(
-            db,
-            job_ref="job-1",
-            fencing_token=claimed.fencing_token,
-            cause_code="bad_input",
-            event=details,
-        )
-    assert await job(db) == before
-    assert len(await events(db)) == 1
-
-
-async def test_a_published_failure_event_is_not_enqueued_again(
-    db: asyncpg.Connection, details: EventDetails
-) -> None:
-    claimed = await leased_job(db)
-    first = await fail_job_permanently(
-        db,
-        job_ref="job-1",
-        fencing_token=claimed.fencing_token,
-        cause_code="bad_input",
-        event=details,
-    )
-    await publish(db, first.event_id)
-    again = await fail_job_permanently(
-        db,
-        job_ref="job-1",
-        fencing_token=claimed.fencing_token,
-        cause_code="bad_input",
-        event=details,
-    )
-    assert (again.failure, again.enqueue) == (Failure.DUPLICATE, Enqueue.DUPLICATE)
-    assert await events(db) == []
 
 
 async def test_stored_payload_is_the_canonical_body(
