@@ -126,6 +126,7 @@ _TUNING: tuple[tuple[str, str, int], ...] = (
     ("prune_batch_size", "OUTBOX_RELAY_PRUNE_BATCH_SIZE", 5_000),
     ("drain_timeout_ms", "OUTBOX_RELAY_DRAIN_TIMEOUT_MS", 10_000),
     ("linger_ms", "OUTBOX_RELAY_LINGER_MS", 5),
+    ("blocking_transaction_warn_ms", "OUTBOX_RELAY_BLOCKING_TRANSACTION_WARN_MS", 30_000),
 )
 
 
