@@ -381,9 +381,7 @@ class Relay:
 
     async def _replace_producer(self, stop: anyio.Event) -> None:
         """Start a new producer (new producer id, fresh sequences) once nothing is in flight."""
-        while self._in_flight:
-            self._drained.clear()
-            await self._drained.wait()
+        await self._until_nothing_in_flight()
         log.warning("replacing the Kafka producer after a sequence error")
         old = self._producer
         self._producer = None
@@ -396,11 +394,14 @@ class Relay:
             self._publisher = BatchPublisher(producer)
         self._producer_broken = False
 
+    async def _until_nothing_in_flight(self) -> None:
+        while self._in_flight:
+            self._drained.clear()
+            await self._drained.wait()
+
     async def _wait_for_pass_end(self) -> None:
         with anyio.move_on_after(self.config.poll_interval_ms / 1000):
-            while self._in_flight:
-                self._drained.clear()
-                await self._drained.wait()
+            await self._until_nothing_in_flight()
             if not self._wake.is_set():
                 await self._wake.wait()
 
