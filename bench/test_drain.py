@@ -47,14 +47,19 @@ async def _create_topic(bootstrap: str, topic: str) -> None:
         await admin.close()
 
 
-async def _raw_producer_rate(bootstrap: str, records: list) -> float:
-    producer = AIOKafkaProducer(
+def _raw_producer(bootstrap: str) -> AIOKafkaProducer:
+    """The baseline: the relay's producer settings (relay.engine.make_producer), no relay."""
+    return AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         acks="all",
         enable_idempotence=True,
         linger_ms=5,
         max_batch_size=256 * 1024,
     )
+
+
+async def _raw_producer_rate(bootstrap: str, records: list) -> float:
+    producer = _raw_producer(bootstrap)
     await producer.start()
     try:
         started = time.perf_counter()
@@ -78,13 +83,7 @@ async def _raw_producer_rate(bootstrap: str, records: list) -> float:
 
 async def _raw_batch_rate(bootstrap: str, records: list) -> float:
     """The same producer fed through its batch API, partitioned like Kafka's default."""
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap,
-        acks="all",
-        enable_idempotence=True,
-        linger_ms=5,
-        max_batch_size=256 * 1024,
-    )
+    producer = _raw_producer(bootstrap)
     await producer.start()
     partitioner = DefaultPartitioner()
     try:
