@@ -46,6 +46,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 # Lint first (cheap), then services, then pytest. The trap stops exactly the services that
 # this run's `up` started (services already running beforehand are left alone), and the

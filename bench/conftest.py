@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
-from relay.migrate import apply, load_migrations
+from migrations.runner import apply, load_migrations
 from tests.conftest import with_database
 
 
@@ -75,7 +75,7 @@ async def start_relay_process(
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "relay.cli",
+        "outbox_relay",
         "run",
         env=environment,
         cwd=REPO,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncpg
 
+from contracts import __version__
 from contracts.health import Classification, HealthReport
 from contracts.policy import Policy
 from health.evaluate import evaluate, unknown_report
 from health.probes import probe_failure
 from health.render import encode_json, health_document, status_table
-from relay import __version__
 
 # monitoring-plugins convention: OK, CRITICAL, UNKNOWN.
 EXIT_CODES = {

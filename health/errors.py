@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from relay.errors import ConfigError, OutboxRelayError
+from contracts.errors import ConfigError, OutboxRelayError
 
 
 class HealthError(OutboxRelayError):

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from contracts.errors import ConfigError
 from contracts.policy import (
     CompletionOutboxPolicy,
     EvaluationSettings,
@@ -17,7 +18,6 @@ from contracts.policy import (
     RelayPolicy,
     ScoringJobsPolicy,
 )
-from relay.errors import ConfigError
 
 _SECTIONS: Mapping[Family, type[msgspec.Struct]] = {
     Family.OUTBOX: OutboxPolicy,

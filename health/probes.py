@@ -19,7 +19,7 @@ from contracts.health import (
 )
 from contracts.policy import CompletionOutboxPolicy, RelayPolicy
 from health.errors import ProbeFailure
-from relay.db import unavailable_cause
+from pgconnect import unavailable_cause
 
 # `clock` is evaluated once per statement; every comparison below reads it.
 _CLOCK = """

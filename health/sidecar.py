@@ -12,6 +12,7 @@ import asyncpg
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from contracts import __version__
 from contracts.health import Classification, HealthReport
 from contracts.policy import Policy
 from health.classify import mark_stale
@@ -20,7 +21,6 @@ from health.evaluate import evaluate, unknown_report
 from health.http import HTTPServer, Request, Response, problem
 from health.metrics import HealthCollector, HealthCounters
 from health.render import encode_json, health_document, report_status, status_page
-from relay import __version__
 
 logger = logging.getLogger("health")
 

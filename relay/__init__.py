@@ -1,3 +1,1 @@
-"""outbox-relay: publishes committed transactional-outbox rows from PostgreSQL to Kafka."""
-
-__version__ = "0.1.0"
+"""The relay engine: publishes committed transactional-outbox rows from PostgreSQL to Kafka."""

@@ -7,7 +7,7 @@ import ssl
 import uuid
 from dataclasses import dataclass, field
 
-from relay.errors import ConfigError
+from contracts.errors import ConfigError
 
 DEFAULT_TOPIC_TEMPLATE = "outbox.event.{aggregatetype}"
 _TEMPLATE_FIELDS = re.compile(r"\{([^{}]*)\}")

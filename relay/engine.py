@@ -25,10 +25,10 @@ import anyio
 import asyncpg
 from aiokafka import AIOKafkaProducer
 
+from pgconnect import DB_ERRORS as _DB_ERRORS
+from pgconnect import connect, create_pool, pooled, unavailable_cause
 from relay import sql
 from relay.config import RelayConfig
-from relay.db import DB_ERRORS as _DB_ERRORS
-from relay.db import connect, create_pool, pooled, unavailable_cause
 from relay.lanes import LaneKeeper
 from relay.metrics import RelayMetrics
 from relay.publisher import BatchPublisher, Submission

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
+from pgconnect import pooled
 from relay import sql
-from relay.db import pooled
 
 log = logging.getLogger("outbox_relay.lanes")
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from contracts.errors import ConfigError
 from relay import sql
-from relay.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from relay.errors import OutboxRelayError
+from contracts.errors import OutboxRelayError
 
 
 class ScoringWriteError(OutboxRelayError):

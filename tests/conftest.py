@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
-from relay.migrate import apply, load_migrations
+from migrations.runner import apply, load_migrations
 from tests.services import (
     REQUIRED,
     PostgresServer,

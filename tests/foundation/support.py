@@ -48,11 +48,11 @@ def cli_env(**extra: str) -> dict[str, str]:
 async def run_cli(
     *args: str, env: dict[str, str] | None = None, timeout: float = 120.0
 ) -> CliResult:
-    """``python -m relay.cli ARGS`` with a clean environment; kills it on timeout."""
+    """``python -m outbox_relay ARGS`` with a clean environment; kills it on timeout."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "relay.cli",
+        "outbox_relay",
         *args,
         cwd=REPO,
         env=cli_env() if env is None else env,

@@ -13,8 +13,8 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
-from relay.errors import MigrationError
-from relay.migrate import (
+from contracts.errors import MigrationError
+from migrations.runner import (
     MIGRATION_LOCK_KEY,
     Migration,
     apply,

@@ -15,6 +15,7 @@ import asyncpg
 import pytest
 from prometheus_client import CollectorRegistry
 
+from contracts.errors import ConfigError
 from contracts.policy import (
     CompletionOutboxPolicy,
     EvaluationSettings,
@@ -24,7 +25,6 @@ from contracts.policy import (
 )
 from health.errors import ListenError
 from health.sidecar import HealthSidecar
-from relay.errors import ConfigError
 from tests.health.conftest import (
     RECEIPT_RETENTION_MS,
     SECRET_MARK,

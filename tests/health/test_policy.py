@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from contracts.errors import ConfigError
 from contracts.policy import EvaluationSettings, Family, OutboxPolicy
 from health.policy import load_policy, parse_policy
-from relay.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "policy.example.toml"
 

@@ -25,7 +25,7 @@ from health.probes import (
     probe_relay,
     probe_scoring_jobs,
 )
-from relay.migrate import apply, load_migrations
+from migrations.runner import apply, load_migrations
 from tests.health.conftest import (
     RECEIPT_RETENTION_MS,
     db_now,

@@ -35,7 +35,7 @@ async def test_demo_runs_the_whole_system_and_every_outcome_is_published(
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "relay.cli",
+        "outbox_relay",
         "demo",
         "--policy",
         str(REPO / "docs" / "policy.example.toml"),

@@ -72,7 +72,7 @@ def _relay_process(
         "HEALTH_LISTEN_ADDR": f"127.0.0.1:{port}",
     }
     return subprocess.Popen(
-        [sys.executable, "-m", "relay.cli", "run"],
+        [sys.executable, "-m", "outbox_relay", "run"],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from relay.cli import build_parser, default_listen, parse_listen, relay_config
+from contracts.errors import ConfigError
+from outbox_relay.cli import build_parser, default_listen, parse_listen, relay_config
+from pgconnect import describe_target, validate_database_url
 from relay.config import KafkaSecurity, RelayConfig, validate_topic_template
-from relay.db import describe_target, validate_database_url
-from relay.errors import ConfigError
 
 SECRET = "s3cr3t-Passw0rd"
 ALL_INTERFACES = "0.0.0.0"  # noqa: S104 - the documented default with PORT

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from migrations.runner import split_statements
 from relay.config import RelayConfig
-from relay.migrate import split_statements
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ import uuid
 import anyio
 import asyncpg
 
-from relay.db import connect
+from pgconnect import connect
 from scoring.errors import ScoringWriteError
 from scoring.worker import claim_next_due, enqueue_job, expire_leases, fail_retryable
 from scoring.writer import EventDetails, complete_job, fail_job_permanently

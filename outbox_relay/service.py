@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 import signal
-from typing import Any
 
 import anyio
 from prometheus_client import CollectorRegistry
 
+from contracts.policy import Policy
+from health.sidecar import HealthSidecar
+from outbox_relay.demo import run_demo_workload
 from relay.config import RelayConfig
 from relay.engine import Relay
 from relay.metrics import RelayMetrics
@@ -25,14 +27,12 @@ async def run_service(
     *,
     database_url: str | None,
     relay_config: RelayConfig | None,
-    policy: Any,
+    policy: Policy,
     listen: tuple[str, int],
     receipt_retention_ms: int,
     demo: dict[str, int] | None = None,
 ) -> int:
     """Run until a signal; returns the process exit code."""
-    from health.sidecar import HealthSidecar
-
     registry = CollectorRegistry()
     relay = Relay(relay_config, RelayMetrics.register(registry)) if relay_config else None
     stop = anyio.Event()
@@ -50,8 +50,6 @@ async def run_service(
         if relay is not None:
             tasks.start_soon(_relay_then_stop, relay, stop, tasks.cancel_scope, name="relay")
         if demo is not None:
-            from relay.demo import run_demo_workload
-
             tasks.start_soon(run_demo_workload, database_url, demo, stop, name="demo")
         log.info(
             "started",

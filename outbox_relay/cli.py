@@ -17,11 +17,16 @@ import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, NoReturn
 
-from relay import __version__
+from contracts import __version__
+from contracts.errors import ConfigError, DatabaseUnavailable, MigrationError, OutboxRelayError
+from health.commands import check, status
+from health.policy import load_policy
+from migrations.runner import apply, load_migrations, verify
+from outbox_relay.logs import configure_logging
+from outbox_relay.service import run_service
+from pgconnect import connect, describe_target, validate_database_url
 from relay.config import DEFAULT_TOPIC_TEMPLATE, KafkaSecurity, RelayConfig
-from relay.db import connect, describe_target, validate_database_url
-from relay.errors import ConfigError, DatabaseUnavailable, MigrationError, OutboxRelayError
-from relay.logs import configure_logging
+from relay.redrive import RedriveFilter, redrive
 
 log = logging.getLogger("outbox_relay")
 
@@ -304,8 +309,6 @@ def policy_path(args: argparse.Namespace) -> str:
 
 # -- verbs ---------------------------------------------------------------------------------
 async def _migrate(args: argparse.Namespace) -> int:
-    from relay.migrate import apply, load_migrations, verify
-
     url = database_url(args)
     migrations = load_migrations()
     conn = await connect(url)
@@ -332,8 +335,6 @@ async def _migrate(args: argparse.Namespace) -> int:
 
 
 async def _redrive(args: argparse.Namespace) -> int:
-    from relay.redrive import RedriveFilter, redrive
-
     try:
         ids = [uuid.UUID(i) for i in args.id] if args.id else None
     except ValueError:
@@ -355,9 +356,6 @@ async def _redrive(args: argparse.Namespace) -> int:
 
 
 async def _health_report(args: argparse.Namespace, *, table: bool) -> int:
-    from health.commands import check, status
-    from health.policy import load_policy
-
     policy = load_policy(policy_path(args))
     command = status if table else check
     text, code = await command(
@@ -368,11 +366,7 @@ async def _health_report(args: argparse.Namespace, *, table: bool) -> int:
 
 
 async def _run(args: argparse.Namespace, *, demo: bool = False) -> int:
-    from relay.service import run_service
-
     listen = parse_listen(args.listen or default_listen())
-    from health.policy import load_policy
-
     policy = load_policy(policy_path(args))
     config = None if getattr(args, "no_relay", False) else relay_config(args)
     url = database_url(args)
@@ -381,8 +375,6 @@ async def _run(args: argparse.Namespace, *, demo: bool = False) -> int:
     await conn.close()
     demo_options = None
     if demo:
-        from relay.migrate import apply, load_migrations
-
         conn = await connect(url)
         try:
             await apply(conn, load_migrations())
@@ -443,7 +435,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _fail(code: int, message: str) -> int:
     print(f"outbox-relay: error: {message}", file=sys.stderr)
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import asyncpg
 
-from relay.errors import MigrationError
+from contracts.errors import MigrationError
 
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _NO_TRANSACTION = "-- migrate: no-transaction"

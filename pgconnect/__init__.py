@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from relay.errors import ConfigError, DatabaseUnavailable
+from contracts.errors import ConfigError, DatabaseUnavailable
 
 _SCHEMES = frozenset({"postgres", "postgresql"})
 
