@@ -452,6 +452,31 @@ KAFKA_PIDFILE="$STATE/kafka.pid"
 
 kafka_version() { sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$KAFKA_SRC/pom.xml" | head -n 1; }
 
+# Inputs of `kafka-storage format` beyond the cluster id (e.g. --add-scram credentials); a
+# change makes `up` format the development storage again.
+KAFKA_FORMAT_ARGS=()
+KAFKA_OURS=0
+
+kafka_render_config() { sed "s#@DATA_DIR@#$KAFKA_DATA#g" "$KAFKA_SRC/server.properties.in"; }
+
+# What a running broker must have been started with to be reused: its rendered configuration,
+# the JVM options and the jar set.
+kafka_fingerprint() {
+    { cat "$1"; printf '%s\n' "${KAFKA_JVM_OPTS[@]}"; sha256sum "$KAFKA_SRC/pom.xml"; } | sha256sum | cut -d' ' -f1
+}
+
+# "advertised>bound,..." for every PROXYn listener of the rendered configuration.
+kafka_proxy_routes() {
+    local props="$KAFKA_DIR/server.properties" name bound advertised routes=()
+    [[ -f "$props" ]] || return 0
+    for name in $(sed -n 's/^listeners=//p' "$props" | tr ',' '\n' | sed -n 's#^\(PROXY[0-9]*\)://.*#\1#p'); do
+        bound="$(sed -n 's/^listeners=//p' "$props" | tr ',' '\n' | sed -n "s#^$name://##p")"
+        advertised="$(sed -n 's/^advertised.listeners=//p' "$props" | tr ',' '\n' | sed -n "s#^$name://##p")"
+        routes+=("$advertised>$bound")
+    done
+    (IFS=,; echo "${routes[*]}")
+}
+
 kafka_pid_ours() { # prints the pid if .services/kafka.pid names a live kafka.Kafka process
     local pid; pid="$(read_pidfile "$KAFKA_PIDFILE")"
     if pid_alive "$pid" && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'kafka\.Kafka'; then
@@ -510,28 +535,44 @@ kafka_up() {
         return
     fi
     ENV_KAFKA="$KAFKA_DEFAULT"
+    mkdir -p "$KAFKA_DIR/logs" "$KAFKA_DATA"
+    kafka_render_config >"$KAFKA_DIR/server.properties.wanted"
+    local wanted; wanted="$(kafka_fingerprint "$KAFKA_DIR/server.properties.wanted")"
     local pid; pid="$(kafka_pid_ours)"
     if [[ -n "$pid" ]]; then
-        log "kafka: our broker (pid $pid) is running, waiting until it answers"
-        kafka_wait "$pid"
-        return
+        if [[ "$(cat "$KAFKA_DIR/running.sha256" 2>/dev/null)" == "$wanted" ]]; then
+            log "kafka: our broker (pid $pid) is running, waiting until it answers"
+            kafka_wait "$pid"
+            KAFKA_OURS=1
+            return
+        fi
+        log "kafka: our broker (pid $pid) runs with other settings than scripts/kafka wants; restarting it"
+        kafka_down
     fi
     rm -f "$KAFKA_PIDFILE"
     if kafka_probe "$KAFKA_DEFAULT" 2>/dev/null; then
-        log "kafka: a broker already answers on $KAFKA_DEFAULT, reusing"
+        warn "kafka: a broker not started by services.sh answers on $KAFKA_DEFAULT; reusing it as it is (no fault-proxy listeners)"
         return
     fi
 
     kafka_ensure_jars
-    mkdir -p "$KAFKA_DIR/logs" "$KAFKA_DATA"
-    sed "s#@DATA_DIR@#$KAFKA_DATA#g" "$KAFKA_SRC/server.properties.in" >"$KAFKA_DIR/server.properties"
+    mv "$KAFKA_DIR/server.properties.wanted" "$KAFKA_DIR/server.properties"
 
+    # Storage formatted with other format-time inputs (cluster layout, later SCRAM users) is
+    # development data: it is wiped and formatted again rather than run stale.
+    local format_wanted; format_wanted="$(printf '%s\n' "${KAFKA_FORMAT_ARGS[@]}" | sha256sum | cut -d' ' -f1)"
+    if [[ -f "$KAFKA_DATA/meta.properties" && "$(cat "$KAFKA_DATA/.format.sha256" 2>/dev/null)" != "$format_wanted" ]]; then
+        log "kafka: storage was formatted with other settings; formatting it again"
+        rm -rf "$KAFKA_DATA"
+        mkdir -p "$KAFKA_DATA"
+    fi
     if [[ ! -f "$KAFKA_DATA/meta.properties" ]]; then
         local cluster_id
         cluster_id="$("$VPY" -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')"
         log "kafka: formatting storage (cluster id $cluster_id)"
         java "${KAFKA_JVM_OPTS[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$KAFKA_DIR/server.properties" \
-            >"$KAFKA_DIR/format.log" 2>&1 || die "kafka: storage format failed" "$KAFKA_DIR/format.log"
+            "${KAFKA_FORMAT_ARGS[@]}" >"$KAFKA_DIR/format.log" 2>&1 || die "kafka: storage format failed" "$KAFKA_DIR/format.log"
+        echo "$format_wanted" >"$KAFKA_DATA/.format.sha256"
     fi
 
     log "kafka: starting Apache Kafka $(kafka_version) (KRaft)"
@@ -547,8 +588,10 @@ kafka_up() {
         [[ -n "$pid" ]] || die "kafka: broker process not found after start" "$KAFKA_DIR/stdout.log" "$KAFKA_DIR/logs/server.log"
     fi
     echo "$pid" >"$KAFKA_PIDFILE"
+    echo "$wanted" >"$KAFKA_DIR/running.sha256"
     touch "$STATE/kafka.started"; STARTED_NOW+=(kafka)
     kafka_wait "$pid"
+    KAFKA_OURS=1
     log "kafka: ready (pid $pid)"
 }
 
@@ -581,6 +624,9 @@ write_env() {
         printf 'export DATABASE_URL=%q\n' "$ENV_PG15"
         printf 'export DATABASE_URL_PG18=%q\n' "$ENV_PG18"
         printf 'export KAFKA_BOOTSTRAP_SERVERS=%q\n' "$ENV_KAFKA"
+        if [[ $KAFKA_OURS == 1 ]]; then
+            printf 'export KAFKA_PROXY_ROUTES=%q\n' "$(kafka_proxy_routes)"
+        fi
     } >"$tmp"
     mv "$tmp" "$STATE/env"
 }
