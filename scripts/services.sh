@@ -165,6 +165,13 @@ PY
 
 # ----------------------------------------------------------------------------- pg15 (Debian)
 
+# Server settings both PostgreSQL clusters run with, declared once. Each `up` compares the
+# managed file with these lines: a running cluster of ours with other settings is restarted,
+# never reused stale.
+pg_common_settings() {
+    printf '%s\n' "max_connections = 300" "password_encryption = 'scram-sha-256'"
+}
+
 PG15_VER=""
 PG15_DATA=""
 PG15_LOG=""
@@ -178,6 +185,11 @@ pg15_locate() {
     [[ -n "$PG15_VER" ]] || return 1
     PG15_DATA="/var/lib/postgresql/$PG15_VER/main"
     PG15_LOG="/var/log/postgresql/postgresql-$PG15_VER-main.log"
+}
+
+pg15_settings() {
+    printf '%s\n' "# managed by outbox-relay scripts/services.sh" "port = $PG15_PORT" "listen_addresses = 'localhost'"
+    pg_common_settings
 }
 
 pg15_cluster_status() { # -> online|down|missing
@@ -201,12 +213,16 @@ pg15_up() {
     ENV_PG15="$PG15_URL_DEFAULT"
     if probe="$(pg_probe "$PG15_URL_DEFAULT" 2>/dev/null)" && [[ "$(cut -d' ' -f2 <<<"$probe")" -ge 300 ]] \
         && [[ "$(cut -d' ' -f3 <<<"$probe")" == 1 ]]; then
-        log "pg15: already running on :$PG15_PORT, reusing"
-        if pg15_locate 2>/dev/null; then
+        if ! pg15_locate 2>/dev/null; then
+            log "pg15: a server not managed here answers on :$PG15_PORT, reusing it as it is"
+            return
+        fi
+        if [[ "$(as_root cat "/etc/postgresql/$PG15_VER/main/conf.d/outbox-relay.conf" 2>/dev/null || true)" == "$(pg15_settings)" ]]; then
+            log "pg15: already running on :$PG15_PORT with our settings, reusing"
             local pid; pid="$(postmaster_pid "$PG15_DATA")"
             [[ -n "$pid" ]] && echo "$pid" >"$STATE/pg15.pid"
+            return
         fi
-        return
     fi
 
     if ! command -v pg_ctlcluster >/dev/null 2>&1 || ! pg15_locate; then
@@ -227,9 +243,7 @@ pg15_up() {
     local etc="/etc/postgresql/$PG15_VER/main" need_restart=0 need_reload=0
     local conf="$etc/conf.d/outbox-relay.conf"
     local want
-    want="$(printf '%s\n' "# managed by outbox-relay scripts/services.sh" \
-        "port = $PG15_PORT" "listen_addresses = 'localhost'" "max_connections = 300" \
-        "password_encryption = 'scram-sha-256'")"
+    want="$(pg15_settings)"
     as_root grep -qE "^[[:space:]]*include_dir[[:space:]]*=[[:space:]]*'conf.d'" "$etc/postgresql.conf" \
         || { as_root sh -c "echo \"include_dir = 'conf.d'\" >> '$etc/postgresql.conf'"; need_restart=1; }
     if [[ "$(as_root cat "$conf" 2>/dev/null || true)" != "$want" ]]; then
@@ -367,6 +381,12 @@ pg18_datadir() {
     PG18_DATA="$alt"
 }
 
+pg18_settings() {
+    printf '%s\n' "# managed by outbox-relay scripts/services.sh" "port = $PG18_PORT" \
+        "listen_addresses = '127.0.0.1'" "unix_socket_directories = '$PG18_SOCKET_DIR'"
+    pg_common_settings
+}
+
 pg18_up() {
     local probe
     if [[ -n "$USER_PG18_URL" ]]; then
@@ -379,8 +399,16 @@ pg18_up() {
     if probe="$(pg_probe "$PG18_URL_DEFAULT" 2>/dev/null)"; then
         [[ "$(cut -d' ' -f1 <<<"$probe")" -ge 180000 ]] \
             || die "something else answers on 127.0.0.1:$PG18_PORT (server_version_num $(cut -d' ' -f1 <<<"$probe"), want 18)"
-        log "pg18: already running on :$PG18_PORT, reusing"
-        return
+        local ours; ours="$(readlink -f "$STATE/pg18" 2>/dev/null || true)"
+        if [[ -z "$ours" ]] || ! as_root test -f "$ours/PG_VERSION"; then
+            log "pg18: a server not managed here answers on :$PG18_PORT, reusing it as it is"
+            return
+        fi
+        if [[ "$(as_root cat "$ours/outbox-relay.conf" 2>/dev/null || true)" == "$(pg18_settings)" ]]; then
+            log "pg18: already running on :$PG18_PORT with our settings, reusing"
+            return
+        fi
+        log "pg18: running with other settings than wanted; applying them"
     fi
 
     ensure_postgres_user
@@ -396,14 +424,7 @@ pg18_up() {
     fi
     as_pg sh -c "grep -q \"^include_if_exists = 'outbox-relay.conf'\" '$PG18_DATA/postgresql.conf' \
         || echo \"include_if_exists = 'outbox-relay.conf'\" >> '$PG18_DATA/postgresql.conf'"
-    as_pg sh -c "cat > '$PG18_DATA/outbox-relay.conf'" <<EOF
-# managed by outbox-relay scripts/services.sh
-port = $PG18_PORT
-listen_addresses = '127.0.0.1'
-unix_socket_directories = '$PG18_SOCKET_DIR'
-max_connections = 300
-password_encryption = 'scram-sha-256'
-EOF
+    pg18_settings | as_pg sh -c "cat > '$PG18_DATA/outbox-relay.conf'"
     as_pg sh -c "grep -qE '^host[[:space:]]+all[[:space:]]+all[[:space:]]+127\.0\.0\.1/32[[:space:]]+scram-sha-256' '$PG18_DATA/pg_hba.conf' \
         || echo 'host all all 127.0.0.1/32 scram-sha-256' >> '$PG18_DATA/pg_hba.conf'"
 
