@@ -1,8 +1,9 @@
 """Incremental ``completion_outbox`` check for the long-running sidecar.
 
-The one-shot probe (:data:`health.probes.COMPLETION_OUTBOX_PROBE`) re-checks every terminal
-job in the look-back window, so its cost follows the number of jobs in the window. The
-sidecar evaluates every few seconds and can remember what it already proved:
+The one-shot probe (:data:`health.families.completion_outbox.COMPLETION_OUTBOX_PROBE`)
+re-checks every terminal job in the look-back window, so its cost follows the number of
+jobs in the window. The sidecar evaluates every few seconds and can remember what it
+already proved:
 
 * a terminal job (``completed``/``quarantined``) never changes again, so its ``updated_at``
   is fixed;
@@ -11,8 +12,8 @@ sidecar evaluates every few seconds and can remember what it already proved:
   not, the family is unknown anyway).
 
 So a job found covered never needs checking again. The tracker keeps a watermark ``W``
-(database clock, kept to the microsecond) below which every terminal job has been checked, and the refs of
-the jobs found missing below it. Each evaluation checks only jobs with ``updated_at`` in
+(database clock, kept to the microsecond) below which every terminal job has been checked,
+and the refs of the jobs found missing below it. Each evaluation checks only jobs with ``updated_at`` in
 ``[W, clock - grace)`` and re-checks the remembered missing refs.
 
 **Where W may move** (the xact_start rule). A row written by a transaction still open has
@@ -38,7 +39,8 @@ import asyncpg
 
 from contracts.health import CompletionOutboxEvidence
 from contracts.policy import CompletionOutboxPolicy
-from health.probes import fetch_probe, fetch_probe_rows, probe_completion_outbox
+from health.families.completion_outbox import TERMINAL_JOB_WITHOUT_EVENT, probe_completion_outbox
+from health.probing import CLOCK, fetch_probe, fetch_probe_rows, unix_ms, unix_us
 
 MAX_REMEMBERED = 10_000
 """Over this many missing jobs the family is far out of bounds: fall back to the full check."""
@@ -52,15 +54,18 @@ and ``pg_stat_activity`` showing it. Jobs in the margin are simply checked again
 # transaction in this database (floored), and whether a transaction exists whose start
 # this role cannot see (another role's session without pg_read_all_stats) or that was
 # prepared (two-phase: not in pg_stat_activity, may still commit).
-COMPLETION_HORIZON = """
-SELECT round(extract(epoch FROM statement_timestamp()) * 1000)::bigint AS observed_at_unix_ms,
-       (extract(epoch FROM statement_timestamp()) * 1000000)::bigint AS clock_us,
+COMPLETION_HORIZON = (
+    CLOCK
+    + f"""
+SELECT clock.now_ms AS observed_at_unix_ms,
+       {unix_us("clock.now")} AS clock_us,
        open.oldest_xact_start_us,
        open.hidden_count,
        (SELECT count(*) FROM pg_catalog.pg_prepared_xacts
         WHERE database = current_database()) AS prepared_count
-FROM (
-    SELECT (extract(epoch FROM min(activity.xact_start)) * 1000000)::bigint
+FROM clock
+CROSS JOIN (
+    SELECT {unix_us("min(activity.xact_start)")}
                AS oldest_xact_start_us,
            count(*) FILTER (
                WHERE activity.usesysid IS NOT NULL
@@ -74,46 +79,31 @@ FROM (
       AND activity.backend_type IS DISTINCT FROM 'autovacuum worker'
 ) AS open
 """
+)
 
-# Statement 2, one snapshot: the terminal jobs without an event in [$1, $2) (new since the
-# watermark, through clock - grace; at most $5 rows), each flagged `settled` when it is
-# below the horizon $3, plus the remembered refs $4 that are still missing and still
-# inside the window (updated_at >= $6). Bounds are unix microseconds, exactly the
+# Statement 2, one snapshot: the terminal jobs without an event (the family's one rule)
+# in [$1, $2) (new since the watermark, through clock - grace; at most $5 rows), each
+# flagged `settled` when it is below the horizon $3, plus the remembered refs $4 that are
+# still missing and still inside the window (updated_at >= $6). Bounds are unix microseconds, exactly the
 # database's timestamp precision, so the window is the full check's to the microsecond.
 _EPOCH = "timestamptz 'epoch' + {}::bigint * interval '1 microsecond'"
 COMPLETION_INCREMENT = f"""
 (SELECT job.scoring_job_ref AS ref,
         job.updated_at < {_EPOCH.format("$3")} AS settled,
-        round(extract(epoch FROM job.updated_at) * 1000)::bigint AS updated_at_unix_ms
+        {unix_ms("job.updated_at")} AS updated_at_unix_ms
  FROM scoring_job_state AS job
- WHERE job.scoring_state IN ('completed', 'quarantined')
-   AND job.updated_at >= {_EPOCH.format("$1")}
+ WHERE job.updated_at >= {_EPOCH.format("$1")}
    AND job.updated_at < {_EPOCH.format("$2")}
-   AND NOT EXISTS (
-       SELECT 1 FROM outbox AS event
-       WHERE event.aggregatetype = 'scoring_job' AND event.aggregateid = job.scoring_job_ref
-   )
-   AND NOT EXISTS (
-       SELECT 1 FROM outbox_receipt AS receipt
-       WHERE receipt.aggregatetype = 'scoring_job' AND receipt.aggregateid = job.scoring_job_ref
-   )
+   AND {TERMINAL_JOB_WITHOUT_EVENT}
  LIMIT $5)
 UNION ALL
 (SELECT job.scoring_job_ref AS ref,
         true AS settled,
-        round(extract(epoch FROM job.updated_at) * 1000)::bigint AS updated_at_unix_ms
+        {unix_ms("job.updated_at")} AS updated_at_unix_ms
  FROM scoring_job_state AS job
  WHERE job.scoring_job_ref = ANY($4::text[])
-   AND job.scoring_state IN ('completed', 'quarantined')
    AND job.updated_at >= {_EPOCH.format("$6")}
-   AND NOT EXISTS (
-       SELECT 1 FROM outbox AS event
-       WHERE event.aggregatetype = 'scoring_job' AND event.aggregateid = job.scoring_job_ref
-   )
-   AND NOT EXISTS (
-       SELECT 1 FROM outbox_receipt AS receipt
-       WHERE receipt.aggregatetype = 'scoring_job' AND receipt.aggregateid = job.scoring_job_ref
-   ))
+   AND {TERMINAL_JOB_WITHOUT_EVENT})
 """
 
 
