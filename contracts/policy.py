@@ -8,6 +8,7 @@ often the sidecar looks, not what counts as healthy.
 from __future__ import annotations
 
 import enum
+from typing import assert_never
 
 import msgspec
 
@@ -87,8 +88,18 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 
     def family(self, family: Family) -> FamilyPolicy | None:
         """The section for one family, or None when it is disabled."""
-        section: FamilyPolicy | None = getattr(self, family.value)
-        return section
+        # A match, not getattr: a Family member without its field fails the type check.
+        match family:
+            case Family.OUTBOX:
+                return self.outbox
+            case Family.SCORING_JOBS:
+                return self.scoring_jobs
+            case Family.COMPLETION_OUTBOX:
+                return self.completion_outbox
+            case Family.RELAY:
+                return self.relay
+            case _:
+                assert_never(family)
 
     def enabled_families(self) -> tuple[Family, ...]:
         """Families with a policy, in report order."""

@@ -8,7 +8,7 @@ from contracts import __version__
 from contracts.health import Classification, HealthReport
 from contracts.policy import Policy
 from health.evaluate import evaluate, unknown_report
-from health.probes import probe_failure
+from health.probing import CONNECT_ERRORS, probe_failure
 from health.render import encode_json, health_document, status_table
 
 # monitoring-plugins convention: OK, CRITICAL, UNKNOWN.
@@ -38,7 +38,7 @@ async def evaluate_once(
                 "default_transaction_read_only": "on",
             },
         )
-    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, ValueError) as exc:
+    except CONNECT_ERRORS as exc:
         return unknown_report(policy, probe_failure(exc).reason)
     try:
         return await evaluate(conn, policy, receipt_retention_ms=receipt_retention_ms)

@@ -1,4 +1,4 @@
-"""One evaluation: run each enabled family's probe, classify, compose."""
+"""One evaluation: run each enabled family's probe and classification, then compose."""
 
 from __future__ import annotations
 
@@ -7,65 +7,17 @@ import time
 import asyncpg
 
 from contracts.health import Classification, Evidence, FamilyResult, HealthReport
-from contracts.policy import (
-    CompletionOutboxPolicy,
-    Family,
-    OutboxPolicy,
-    Policy,
-    RelayPolicy,
-    ScoringJobsPolicy,
-)
-from health.classify import (
-    Verdict,
-    build_report,
-    classify_completion_outbox,
-    classify_outbox,
-    classify_relay,
-    classify_scoring_jobs,
-)
-from health.completion import CompletionTracker
+from contracts.policy import Family, Policy
 from health.errors import ProbeFailure
-from health.probes import (
-    probe_completion_outbox,
-    probe_failure,
-    probe_outbox,
-    probe_relay,
-    probe_scoring_jobs,
-)
+from health.families import REGISTRY
+from health.families.base import ProbeContext
+from health.families.completion_tracker import CompletionTracker
+from health.probing import CONNECT_ERRORS, probe_failure
+from health.rules import build_report
 
 
 def _now_unix_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-async def _family(
-    conn: asyncpg.Connection,
-    family: Family,
-    policy: Policy,
-    receipt_retention_ms: int | None,
-    completion: CompletionTracker | None,
-) -> tuple[Evidence, Verdict]:
-    section = policy.family(family)
-    if isinstance(section, OutboxPolicy):
-        outbox = await probe_outbox(conn)
-        return outbox, classify_outbox(outbox, section)
-    if isinstance(section, ScoringJobsPolicy):
-        jobs = await probe_scoring_jobs(conn)
-        return jobs, classify_scoring_jobs(jobs, section)
-    if isinstance(section, CompletionOutboxPolicy):
-        if completion is None:  # one-shot: the full check
-            evidence = await probe_completion_outbox(
-                conn, section, receipt_retention_ms=receipt_retention_ms
-            )
-        else:  # the sidecar: only what changed since its last evaluation
-            evidence = await completion.probe(
-                conn, section, receipt_retention_ms=receipt_retention_ms
-            )
-        return evidence, classify_completion_outbox(evidence, section)
-    if isinstance(section, RelayPolicy):
-        relay = await probe_relay(conn, section)
-        return relay, classify_relay(relay, section)
-    raise AssertionError(f"no probe for {family}")  # only enabled families get here
 
 
 def _gates(policy: Policy, family: Family) -> bool:
@@ -100,29 +52,24 @@ async def evaluate_connection(
     With ``completion`` (the sidecar's tracker) ``completion_outbox`` is checked
     incrementally; without it (``check``, ``status``) the whole look-back window is checked.
     """
+    context = ProbeContext(receipt_retention_ms=receipt_retention_ms, completion=completion)
     results = []
     for family in policy.enabled_families():
+        section = policy.family(family)
+        assert section is not None  # enabled
+        evidence: Evidence | None
         try:
-            evidence, (classification, reasons) = await _family(
-                conn, family, policy, receipt_retention_ms, completion
+            evidence, (classification, reasons) = await REGISTRY[family].evaluate(
+                conn, section, context
             )
         except ProbeFailure as failure:
-            results.append(
-                FamilyResult(
-                    family=family,
-                    classification=Classification.UNKNOWN,
-                    reasons=(failure.reason,),
-                    gates_readiness=_gates(policy, family),
-                    evidence=None,
-                )
-            )
-            continue
+            evidence, classification, reasons = None, Classification.UNKNOWN, (failure.reason,)
         results.append(
             FamilyResult(
                 family=family,
                 classification=classification,
                 reasons=reasons,
-                gates_readiness=_gates(policy, family),
+                gates_readiness=section.gates_readiness,
                 evidence=evidence,
             )
         )
@@ -155,7 +102,7 @@ async def _with_pool(
             return await evaluate_connection(
                 conn, policy, receipt_retention_ms=receipt_retention_ms, completion=completion
             )
-    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, ValueError) as exc:
+    except CONNECT_ERRORS as exc:
         if completion is not None:
             completion.reset()
         return unknown_report(policy, probe_failure(exc).reason)

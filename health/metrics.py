@@ -12,118 +12,10 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from contracts.health import (
-    Classification,
-    CompletionOutboxEvidence,
-    HealthReport,
-    OutboxEvidence,
-    RelayEvidence,
-    ScoringJobsEvidence,
-)
+from contracts.health import Classification, HealthReport
 from contracts.policy import Family
+from health.families import REGISTRY
 from health.render import measurements
-
-# (metric name, help, evidence type, measurement name, scale to seconds?)
-_EVIDENCE_GAUGES: tuple[tuple[str, str, type[object], str, bool], ...] = (
-    (
-        "outbox_relay_outbox_pending_events",
-        "Outbox rows not yet published (not quarantined).",
-        OutboxEvidence,
-        "pending_count",
-        False,
-    ),
-    (
-        "outbox_relay_outbox_oldest_pending_age_seconds",
-        "Age of the oldest pending outbox row, from its write time.",
-        OutboxEvidence,
-        "oldest_pending_age",
-        True,
-    ),
-    (
-        "outbox_relay_outbox_retrying_events",
-        "Pending outbox rows whose last attempt failed.",
-        OutboxEvidence,
-        "retrying_count",
-        False,
-    ),
-    (
-        "outbox_relay_outbox_quarantined_events",
-        "Quarantined outbox rows.",
-        OutboxEvidence,
-        "quarantined_count",
-        False,
-    ),
-    (
-        "outbox_relay_scoring_jobs_active",
-        "Scoring jobs queued, leased or retry_scheduled.",
-        ScoringJobsEvidence,
-        "active_count",
-        False,
-    ),
-    (
-        "outbox_relay_scoring_jobs_oldest_active_age_seconds",
-        "Age of the oldest active scoring job, from its created_at.",
-        ScoringJobsEvidence,
-        "oldest_active_age",
-        True,
-    ),
-    (
-        "outbox_relay_scoring_jobs_quarantined",
-        "Quarantined scoring jobs.",
-        ScoringJobsEvidence,
-        "quarantined_count",
-        False,
-    ),
-    (
-        "outbox_relay_scoring_jobs_expired_leases",
-        "Leased scoring jobs whose lease expired by the database clock.",
-        ScoringJobsEvidence,
-        "expired_lease_count",
-        False,
-    ),
-    (
-        "outbox_relay_scoring_jobs_oldest_expired_lease_age_seconds",
-        "Time since the oldest expired lease expired.",
-        ScoringJobsEvidence,
-        "oldest_expired_lease_age",
-        True,
-    ),
-    (
-        "outbox_relay_completion_outbox_missing_events",
-        "Terminal scoring jobs past the grace period with no outbox event.",
-        CompletionOutboxEvidence,
-        "missing_count",
-        False,
-    ),
-    (
-        "outbox_relay_relay_live_instances",
-        "Relay instances with a fresh heartbeat.",
-        RelayEvidence,
-        "live_instance_count",
-        False,
-    ),
-    (
-        "outbox_relay_relay_heartbeat_age_seconds",
-        "Age of the newest relay heartbeat.",
-        RelayEvidence,
-        "heartbeat_age",
-        True,
-    ),
-    (
-        "outbox_relay_relay_unowned_lanes",
-        "Relay lanes with no owner or an expired lease.",
-        RelayEvidence,
-        "unowned_lane_count",
-        False,
-    ),
-    (
-        "outbox_relay_relay_blocking_transaction_age_seconds",
-        "Age of the oldest other open transaction holding a lock on the outbox table.",
-        RelayEvidence,
-        "oldest_blocking_transaction_age",
-        True,
-    ),
-)
 
 
 @dataclass
@@ -178,7 +70,12 @@ class HealthCollector(Collector):
             "Probes that produced no evidence (database unreachable, missing table, timeout).",
             labels=["family"],
         )
-        gauges = {name: GaugeMetricFamily(name, text) for name, text, *_ in _EVIDENCE_GAUGES}
+        # Every family's gauges, in registry order, present even before the first report.
+        gauges = {
+            gauge.metric: GaugeMetricFamily(gauge.metric, gauge.help)
+            for spec in REGISTRY.values()
+            for gauge in spec.gauges
+        }
         if report is not None:
             by_family = {r.family: r for r in report.families}
             for family in self._families:
@@ -189,13 +86,13 @@ class HealthCollector(Collector):
             ready.add_metric([], 1.0 if report.readiness is Classification.WITHIN_BOUNDS else 0.0)
             evaluated.add_metric([], report.evaluated_at_unix_ms / 1000)
             for result in report.families:
-                if result.evidence is None:
-                    continue
-                values = {m.name: m.value for m in measurements(result.evidence)}
-                for name, _, kind, measurement, seconds in _EVIDENCE_GAUGES:
-                    value = values.get(measurement)
-                    if isinstance(result.evidence, kind) and value is not None:
-                        gauges[name].add_metric([], value / 1000 if seconds else float(value))
+                values = {m.name: m.value for m in measurements(result)}
+                for gauge in REGISTRY[result.family].gauges:
+                    value = values.get(gauge.measurement)
+                    if value is not None:
+                        gauges[gauge.metric].add_metric(
+                            [], value / 1000 if gauge.seconds else float(value)
+                        )
         evaluations.add_metric([], float(self._counters.evaluations))
         for family in self._families:
             failures.add_metric([family.value], float(self._counters.probe_failures[family]))

@@ -3,28 +3,14 @@
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import msgspec
 
 from contracts.errors import ConfigError
-from contracts.policy import (
-    CompletionOutboxPolicy,
-    EvaluationSettings,
-    Family,
-    OutboxPolicy,
-    Policy,
-    RelayPolicy,
-    ScoringJobsPolicy,
-)
+from contracts.policy import EvaluationSettings, Family, Policy
+from health.families import REGISTRY
 
-_SECTIONS: Mapping[Family, type[msgspec.Struct]] = {
-    Family.OUTBOX: OutboxPolicy,
-    Family.SCORING_JOBS: ScoringJobsPolicy,
-    Family.COMPLETION_OUTBOX: CompletionOutboxPolicy,
-    Family.RELAY: RelayPolicy,
-}
 _EVALUATION = "evaluation"
 _KNOWN_TOP = frozenset([*(f.value for f in Family), _EVALUATION])
 # Bounds this large are typos, and they would overflow PostgreSQL's bigint intervals.
@@ -65,13 +51,13 @@ def parse_policy(text: str) -> Policy:
         if not isinstance(value, dict):
             raise ConfigError(f"policy: {key} must be a [{key}] table")
     families: dict[str, Any] = {}
-    for family, struct in _SECTIONS.items():
+    for family, spec in REGISTRY.items():
         section = document.get(family.value)
         if section is None:
             raise ConfigError(
                 f"policy: [{family.value}] is missing; configure every bound or set enabled = false"
             )
-        families[family.value] = _family(family.value, section, struct)
+        families[family.value] = _family(family.value, section, spec.policy_type)
     evaluation = _evaluation(document.get(_EVALUATION, {}))
     policy = Policy(**families, evaluation=evaluation)
     _cross_checks(policy)

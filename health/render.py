@@ -4,95 +4,23 @@ from __future__ import annotations
 
 import datetime as dt
 import html
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from contracts.health import (
-    Classification,
-    CompletionOutboxEvidence,
-    Evidence,
-    FamilyResult,
-    HealthReport,
-    OutboxEvidence,
-    RelayEvidence,
-    ScoringJobsEvidence,
-)
+from contracts.health import Classification, FamilyResult, HealthReport
+from health.families import REGISTRY
+from health.families.base import Measurement
 
 SERVICE_ID = "outbox-relay"
 _JSON = msgspec.json.Encoder()
 
 
-@dataclass(frozen=True)
-class Measurement:
-    """One observed value with its unit; ages are derived from the evidence's own clock."""
-
-    name: str
-    value: int | None
-    unit: str
-
-
-def _age(observed_at: int | None, oldest: int | None) -> int | None:
-    if observed_at is None or oldest is None:
-        return None
-    return observed_at - oldest
-
-
-def measurements(evidence: Evidence) -> list[Measurement]:
-    """The values a family reports, in a stable order."""
-    now = evidence.observed_at_unix_ms
-    if isinstance(evidence, OutboxEvidence):
-        return [
-            Measurement("pending_count", evidence.pending_count, "events"),
-            Measurement(
-                "oldest_pending_age", _age(now, evidence.oldest_pending_created_at_unix_ms), "ms"
-            ),
-            Measurement("retrying_count", evidence.retrying_count, "events"),
-            Measurement("quarantined_count", evidence.quarantined_count, "events"),
-        ]
-    if isinstance(evidence, ScoringJobsEvidence):
-        return [
-            Measurement("active_count", evidence.active_count, "jobs"),
-            Measurement(
-                "oldest_active_age", _age(now, evidence.oldest_active_created_at_unix_ms), "ms"
-            ),
-            Measurement("quarantined_count", evidence.quarantined_count, "jobs"),
-            Measurement("expired_lease_count", evidence.expired_lease_count, "leases"),
-            Measurement(
-                "oldest_expired_lease_age",
-                _age(now, evidence.oldest_expired_lease_expires_at_unix_ms),
-                "ms",
-            ),
-        ]
-    if isinstance(evidence, CompletionOutboxEvidence):
-        return [
-            Measurement("missing_count", evidence.missing_count, "jobs"),
-            Measurement(
-                "oldest_missing_age", _age(now, evidence.oldest_missing_updated_at_unix_ms), "ms"
-            ),
-        ]
-    if isinstance(evidence, RelayEvidence):
-        return [
-            Measurement("live_instance_count", evidence.live_instance_count, "instances"),
-            Measurement("instance_count", evidence.instance_count, "instances"),
-            Measurement("heartbeat_age", _age(now, evidence.newest_heartbeat_at_unix_ms), "ms"),
-            Measurement("last_publish_age", _age(now, evidence.newest_publish_at_unix_ms), "ms"),
-            Measurement("unowned_lane_count", evidence.unowned_lane_count, "lanes"),
-            Measurement("lane_count", evidence.lane_count, "lanes"),
-            Measurement(
-                "oldest_ready_age", _age(now, evidence.oldest_ready_created_at_unix_ms), "ms"
-            ),
-            Measurement(
-                "blocking_transaction_count", evidence.blocking_transaction_count, "transactions"
-            ),
-            Measurement(
-                "oldest_blocking_transaction_age",
-                _age(now, evidence.oldest_blocking_transaction_started_at_unix_ms),
-                "ms",
-            ),
-        ]
-    raise AssertionError(f"unhandled evidence {type(evidence).__name__}")
+def measurements(result: FamilyResult) -> list[Measurement]:
+    """The values a family's result shows, in a stable order; none without evidence."""
+    if result.evidence is None:
+        return []
+    return REGISTRY[result.family].measure(result.evidence)
 
 
 def _iso(unix_ms: int) -> str:
@@ -157,11 +85,10 @@ def health_document(report: HealthReport | None, *, release: str) -> dict[str, A
                 **({"output": "; ".join(result.reasons)} if result.reasons else {}),
             }
         ]
-        if result.evidence is not None:
-            for m in measurements(result.evidence):
-                checks[f"{family}:{m.name}"] = [
-                    {**common, "observedValue": m.value, "observedUnit": m.unit}
-                ]
+        for m in measurements(result):
+            checks[f"{family}:{m.name}"] = [
+                {**common, "observedValue": m.value, "observedUnit": m.unit}
+            ]
     document["checks"] = checks
     return document
 
@@ -176,7 +103,7 @@ def status_table(report: HealthReport) -> str:
     lines = [f"{'FAMILY':<18} {'CLASSIFICATION':<14} {'GATES':<5} MEASUREMENTS"]
     for result in report.families:
         values = (
-            " ".join(f"{m.name}={_show(m)}" for m in measurements(result.evidence))
+            " ".join(f"{m.name}={_show(m)}" for m in measurements(result))
             if result.evidence is not None
             else "-"
         )
@@ -206,9 +133,7 @@ def status_page(report: HealthReport | None, *, live: bool, ready: bool) -> str:
     if report is not None:
         for result in report.families:
             values = (
-                "<br>".join(
-                    html.escape(f"{m.name}: {_show(m)}") for m in measurements(result.evidence)
-                )
+                "<br>".join(html.escape(f"{m.name}: {_show(m)}") for m in measurements(result))
                 if result.evidence is not None
                 else "no evidence"
             )

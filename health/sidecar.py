@@ -15,12 +15,12 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from contracts import __version__
 from contracts.health import Classification, HealthReport
 from contracts.policy import Policy
-from health.classify import mark_stale
-from health.completion import CompletionTracker
 from health.evaluate import evaluate, unknown_report
+from health.families.completion_tracker import CompletionTracker
 from health.http import HTTPServer, Request, Response, problem
 from health.metrics import HealthCollector, HealthCounters
 from health.render import encode_json, health_document, report_status, status_page
+from health.rules import mark_stale
 
 logger = logging.getLogger("health")
 

@@ -14,6 +14,7 @@ import uuid
 import anyio
 import asyncpg
 
+from health.families.completion_outbox import TERMINAL_JOB_WITHOUT_EVENT
 from pgconnect import connect
 from scoring.errors import ScoringWriteError
 from scoring.worker import claim_next_due, enqueue_job, expire_leases, fail_retryable
@@ -36,14 +37,12 @@ SELECT count(*) FILTER (WHERE scoring_state IN ('queued', 'leased', 'retry_sched
 FROM scoring_job_state WHERE scoring_request_ref = $1
 """
 
-# Terminal jobs of this run with no event, pending or published: must end at zero.
-_MISSING_EVENTS = """
-SELECT count(*) FROM scoring_job_state j
-WHERE j.scoring_request_ref = $1 AND j.scoring_state IN ('completed', 'quarantined')
-  AND NOT EXISTS (SELECT 1 FROM outbox o
-                  WHERE o.aggregatetype = 'scoring_job' AND o.aggregateid = j.scoring_job_ref)
-  AND NOT EXISTS (SELECT 1 FROM outbox_receipt r
-                  WHERE r.aggregatetype = 'scoring_job' AND r.aggregateid = j.scoring_job_ref)
+# Terminal jobs of this run with no event, pending or published: must end at zero. The
+# rule is health's completion_outbox rule, so the demo and /health cannot disagree.
+_MISSING_EVENTS = f"""
+SELECT count(*) FROM scoring_job_state AS job
+WHERE job.scoring_request_ref = $1
+  AND {TERMINAL_JOB_WITHOUT_EVENT}
 """
 
 

@@ -15,15 +15,11 @@ from contracts.health import (
     ScoringJobsEvidence,
 )
 from contracts.policy import CompletionOutboxPolicy, Family, OutboxPolicy, ScoringJobsPolicy
-from health.classify import (
-    build_report,
-    classify_completion_outbox,
-    classify_outbox,
-    classify_relay,
-    classify_scoring_jobs,
-    compose,
-    mark_stale,
-)
+from health.families.completion_outbox import classify_completion_outbox
+from health.families.outbox import classify_outbox
+from health.families.relay import classify_relay
+from health.families.scoring_jobs import classify_scoring_jobs
+from health.rules import build_report, compose, mark_stale
 from tests.health.conftest import relay_policy
 
 W, S, U = Classification.WITHIN_BOUNDS, Classification.STALLED, Classification.UNKNOWN

@@ -16,9 +16,9 @@ from prometheus_client import CollectorRegistry
 
 from contracts.health import CompletionOutboxEvidence
 from contracts.policy import CompletionOutboxPolicy, Family
-from health.completion import COMPLETION_INCREMENT, CompletionTracker
 from health.evaluate import evaluate
-from health.probes import probe_completion_outbox
+from health.families.completion_outbox import probe_completion_outbox
+from health.families.completion_tracker import COMPLETION_INCREMENT, CompletionTracker
 from health.sidecar import HealthSidecar
 from tests.health.conftest import (
     RECEIPT_RETENTION_MS,

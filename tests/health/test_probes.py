@@ -14,15 +14,13 @@ import pytest
 
 from contracts.health import Classification, ScoringJobsEvidence
 from contracts.policy import Family, OutboxPolicy, ScoringJobsPolicy
-from health.classify import classify_scoring_jobs
 from health.evaluate import evaluate
-from health.probes import (
-    COMPLETION_OUTBOX_PROBE,
-    OUTBOX_PROBE,
-    RELAY_PROBE,
+from health.families.completion_outbox import COMPLETION_OUTBOX_PROBE
+from health.families.outbox import OUTBOX_PROBE, probe_outbox
+from health.families.relay import RELAY_PROBE, probe_relay
+from health.families.scoring_jobs import (
     SCORING_JOBS_PROBE,
-    probe_outbox,
-    probe_relay,
+    classify_scoring_jobs,
     probe_scoring_jobs,
 )
 from migrations.runner import apply, load_migrations

@@ -1,0 +1,258 @@
+"""Incremental ``completion_outbox`` check for the long-running sidecar.
+
+The one-shot probe (:data:`health.families.completion_outbox.COMPLETION_OUTBOX_PROBE`)
+re-checks every terminal job in the look-back window, so its cost follows the number of
+jobs in the window. The sidecar evaluates every few seconds and can remember what it
+already proved:
+
+* a terminal job (``completed``/``quarantined``) never changes again, so its ``updated_at``
+  is fixed;
+* its event, once present (pending in ``outbox`` or recorded in ``outbox_receipt``), stays
+  present for the whole window (receipts are kept at least ``lookback_ms``; when they are
+  not, the family is unknown anyway).
+
+So a job found covered never needs checking again. The tracker keeps a watermark ``W``
+(database clock, kept to the microsecond) below which every terminal job has been checked,
+and the refs of the jobs found missing below it. Each evaluation checks only jobs with ``updated_at`` in
+``[W, clock - grace)`` and re-checks the remembered missing refs.
+
+**Where W may move** (the xact_start rule). A row written by a transaction still open has
+``updated_at`` at or after that transaction's start (the writers use ``clock_timestamp()``),
+and becomes visible only when it commits. The horizon is therefore
+``U = min(clock - grace, start of the oldest other open transaction)``, read from
+``pg_stat_activity`` in a statement *before* the check's snapshot is taken: a transaction
+not yet visible to the check was either open at that read (so ``U`` is at most its start) or
+began after it (so its start is later than ``U``). Nothing with ``updated_at < U`` can appear
+later, so after the check ``W = U``. Jobs in ``[U, clock - grace)`` are checked and counted
+but not remembered: they are checked again next time.
+
+The remembered refs are internal state: never logged, served or put in evidence.
+Whenever the state cannot be trusted — first evaluation, a probe error or timeout, a
+changed ``grace_ms``/``lookback_ms``, the database clock going backwards, a horizon earlier
+than ``W``, an open transaction the role may not see, a prepared transaction, or more than
+:data:`MAX_REMEMBERED` missing jobs — the tracker does the full check instead.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from contracts.health import CompletionOutboxEvidence
+from contracts.policy import CompletionOutboxPolicy
+from health.families.completion_outbox import TERMINAL_JOB_WITHOUT_EVENT, probe_completion_outbox
+from health.probing import CLOCK, fetch_probe, fetch_probe_rows, unix_ms, unix_us
+
+MAX_REMEMBERED = 10_000
+"""Over this many missing jobs the family is far out of bounds: fall back to the full check."""
+
+HORIZON_MARGIN_MS = 1000
+"""Kept below the horizon: absorbs the instant between a transaction taking its start time
+and ``pg_stat_activity`` showing it. Jobs in the margin are simply checked again."""
+
+# Statement 1, before the check's snapshot: the database clock (floored, so every bound
+# derived from it is at or before the true instant), the start of the oldest other open
+# transaction in this database (floored), and whether a transaction exists whose start
+# this role cannot see (another role's session without pg_read_all_stats) or that was
+# prepared (two-phase: not in pg_stat_activity, may still commit).
+COMPLETION_HORIZON = (
+    CLOCK
+    + f"""
+SELECT clock.now_ms AS observed_at_unix_ms,
+       {unix_us("clock.now")} AS clock_us,
+       open.oldest_xact_start_us,
+       open.hidden_count,
+       (SELECT count(*) FROM pg_catalog.pg_prepared_xacts
+        WHERE database = current_database()) AS prepared_count
+FROM clock
+CROSS JOIN (
+    SELECT {unix_us("min(activity.xact_start)")}
+               AS oldest_xact_start_us,
+           count(*) FILTER (
+               WHERE activity.usesysid IS NOT NULL
+                 AND NOT pg_catalog.pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')
+                 AND NOT pg_catalog.pg_has_role(current_user, activity.usesysid, 'USAGE')
+           ) AS hidden_count
+    FROM pg_catalog.pg_stat_activity AS activity
+    WHERE activity.pid <> pg_backend_pid()
+      AND activity.datid = (SELECT oid FROM pg_catalog.pg_database
+                            WHERE datname = current_database())
+      AND activity.backend_type IS DISTINCT FROM 'autovacuum worker'
+) AS open
+"""
+)
+
+# Statement 2, one snapshot: the terminal jobs without an event (the family's one rule)
+# in [$1, $2) (new since the watermark, through clock - grace; at most $5 rows), each
+# flagged `settled` when it is below the horizon $3, plus the remembered refs $4 that are
+# still missing and still inside the window (updated_at >= $6). Bounds are unix microseconds, exactly the
+# database's timestamp precision, so the window is the full check's to the microsecond.
+_EPOCH = "timestamptz 'epoch' + {}::bigint * interval '1 microsecond'"
+COMPLETION_INCREMENT = f"""
+(SELECT job.scoring_job_ref AS ref,
+        job.updated_at < {_EPOCH.format("$3")} AS settled,
+        {unix_ms("job.updated_at")} AS updated_at_unix_ms
+ FROM scoring_job_state AS job
+ WHERE job.updated_at >= {_EPOCH.format("$1")}
+   AND job.updated_at < {_EPOCH.format("$2")}
+   AND {TERMINAL_JOB_WITHOUT_EVENT}
+ LIMIT $5)
+UNION ALL
+(SELECT job.scoring_job_ref AS ref,
+        true AS settled,
+        {unix_ms("job.updated_at")} AS updated_at_unix_ms
+ FROM scoring_job_state AS job
+ WHERE job.scoring_job_ref = ANY($4::text[])
+   AND job.updated_at >= {_EPOCH.format("$6")}
+   AND {TERMINAL_JOB_WITHOUT_EVENT})
+"""
+
+
+class _State:
+    __slots__ = ("clock_us", "grace_ms", "horizon_us", "lookback_ms", "missing", "watermark_us")
+
+    def __init__(
+        self,
+        *,
+        grace_ms: int,
+        lookback_ms: int,
+        watermark_us: int,
+        horizon_us: int,
+        clock_us: int,
+        missing: frozenset[str],
+    ) -> None:
+        self.grace_ms = grace_ms
+        self.lookback_ms = lookback_ms
+        self.watermark_us = watermark_us
+        self.horizon_us = horizon_us
+        self.clock_us = clock_us
+        self.missing = missing
+
+    def __repr__(self) -> str:  # never the refs
+        return f"_State(watermark_us={self.watermark_us}, remembered={len(self.missing)})"
+
+
+class CompletionTracker:
+    """Per-sidecar incremental state for ``completion_outbox``; see the module docstring."""
+
+    def __init__(
+        self, *, max_remembered: int = MAX_REMEMBERED, margin_ms: int = HORIZON_MARGIN_MS
+    ) -> None:
+        self._max = max_remembered
+        self._margin_ms = margin_ms
+        self._state: _State | None = None
+        self.full_checks = 0
+        """How many evaluations fell back to (or started with) the full check."""
+        self.incremental_checks = 0
+
+    def __repr__(self) -> str:
+        return f"CompletionTracker({self._state!r})"
+
+    @property
+    def remembered_count(self) -> int:
+        """How many missing jobs are remembered (a number only; the refs stay inside)."""
+        return 0 if self._state is None else len(self._state.missing)
+
+    @property
+    def watermark_ms(self) -> int | None:
+        """Unix ms (database clock) below which every terminal job has been checked."""
+        return None if self._state is None else self._state.watermark_us // 1000
+
+    def reset(self) -> None:
+        """Forget everything: the next evaluation is a full check."""
+        self._state = None
+
+    async def probe(
+        self,
+        conn: asyncpg.Connection,
+        policy: CompletionOutboxPolicy,
+        *,
+        receipt_retention_ms: int | None,
+    ) -> CompletionOutboxEvidence:
+        """Evidence for ``completion_outbox``, the same as the full probe would give."""
+        try:
+            return await self._probe(conn, policy, receipt_retention_ms)
+        except BaseException:  # a failure, a timeout or a cancellation: start over
+            self._state = None
+            raise
+
+    async def _probe(
+        self,
+        conn: asyncpg.Connection,
+        policy: CompletionOutboxPolicy,
+        receipt_retention_ms: int | None,
+    ) -> CompletionOutboxEvidence:
+        state, self._state = self._state, None  # restored only when the check succeeds
+        if conn.is_in_transaction():
+            # One snapshot for both statements would defeat the horizon read.
+            return await self._full(conn, policy, receipt_retention_ms)
+        horizon = await fetch_probe(conn, COMPLETION_HORIZON)
+        clock_us: int = horizon["clock_us"]
+        if horizon["hidden_count"] or horizon["prepared_count"]:
+            return await self._full(conn, policy, receipt_retention_ms)
+        upper_us = clock_us - policy.grace_ms * 1000
+        oldest_open: int | None = horizon["oldest_xact_start_us"]
+        settle_us = (upper_us if oldest_open is None else min(upper_us, oldest_open)) - (
+            self._margin_ms * 1000
+        )
+        lower_us = clock_us - policy.lookback_ms * 1000
+        if state is not None and (
+            state.grace_ms != policy.grace_ms
+            or state.lookback_ms != policy.lookback_ms
+            or clock_us < state.clock_us
+            # The horizon never moves back unless something was open that we did not see.
+            or settle_us < state.horizon_us
+        ):
+            state = None
+        if state is None:  # first run or reset: the whole window
+            scan_from, remembered = lower_us, frozenset[str]()
+        else:
+            scan_from, remembered = max(state.watermark_us, lower_us), state.missing
+        rows = await fetch_probe_rows(
+            conn,
+            COMPLETION_INCREMENT,
+            scan_from,
+            upper_us,
+            settle_us,
+            list(remembered),
+            self._max + 1,
+            lower_us,
+        )
+        missing = {row["ref"]: row for row in rows}
+        if len(missing) > self._max:
+            return await self._full(conn, policy, receipt_retention_ms)
+        oldest = min((row["updated_at_unix_ms"] for row in missing.values()), default=None)
+        if state is None:
+            self.full_checks += 1
+        else:
+            self.incremental_checks += 1
+        self._state = _State(
+            grace_ms=policy.grace_ms,
+            lookback_ms=policy.lookback_ms,
+            # Below the window start nothing is ever counted again (it only moves forward).
+            watermark_us=max(settle_us, lower_us, scan_from),
+            horizon_us=settle_us,
+            clock_us=clock_us,
+            missing=frozenset(ref for ref, row in missing.items() if row["settled"]),
+        )
+        return CompletionOutboxEvidence(
+            observed_at_unix_ms=horizon["observed_at_unix_ms"],
+            missing_count=len(missing),
+            oldest_missing_updated_at_unix_ms=oldest,
+            grace_ms=policy.grace_ms,
+            lookback_ms=policy.lookback_ms,
+            receipt_retention_ms=receipt_retention_ms,
+        )
+
+    async def _full(
+        self,
+        conn: asyncpg.Connection,
+        policy: CompletionOutboxPolicy,
+        receipt_retention_ms: int | None,
+    ) -> CompletionOutboxEvidence:
+        self.full_checks += 1
+        return await probe_completion_outbox(
+            conn, policy, receipt_retention_ms=receipt_retention_ms
+        )
+
+
+__all__ = ["HORIZON_MARGIN_MS", "MAX_REMEMBERED", "CompletionTracker"]

@@ -1,0 +1,184 @@
+"""The ``relay`` family: the relay's progress, read from its heartbeat and lane tables."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from contracts.health import RelayEvidence
+from contracts.policy import RelayPolicy
+from health.families.base import FamilySpec, Gauge, Measurement, age
+from health.probing import CLOCK, fetch_probe, unix_ms
+from health.rules import Verdict, age_over, count_over, timestamp_problems, verdict
+
+# $1 = max_heartbeat_age_ms (what counts as a live instance). Lock holders: pid and
+# transaction start only; the query text of other sessions is never read.
+RELAY_PROBE = (
+    CLOCK
+    + f"""
+SELECT clock.now_ms AS observed_at_unix_ms,
+       instances.instance_count,
+       instances.live_instance_count,
+       instances.newest_heartbeat_at_unix_ms,
+       instances.newest_publish_at_unix_ms,
+       lanes.lane_count,
+       lanes.unowned_lane_count,
+       ready.oldest_ready_created_at_unix_ms,
+       blocking.blocking_transaction_count,
+       blocking.oldest_blocking_transaction_started_at_unix_ms
+FROM clock
+CROSS JOIN LATERAL (
+    SELECT count(*) AS instance_count,
+           count(*) FILTER (
+               WHERE heartbeat_at >= clock.now - $1::bigint * interval '1 millisecond'
+           ) AS live_instance_count,
+           {unix_ms("max(heartbeat_at)")}
+               AS newest_heartbeat_at_unix_ms,
+           {unix_ms("max(last_publish_at)")}
+               AS newest_publish_at_unix_ms
+    FROM relay_instance
+) AS instances
+CROSS JOIN LATERAL (
+    SELECT count(*) AS lane_count,
+           count(*) FILTER (
+               WHERE lease_expires_at IS NULL OR lease_expires_at < clock.now
+           ) AS unowned_lane_count
+    FROM relay_lane
+) AS lanes
+CROSS JOIN LATERAL (
+    SELECT {unix_ms("min(created_at)")}
+               AS oldest_ready_created_at_unix_ms
+    FROM outbox
+    WHERE quarantined_at IS NULL AND (next_attempt_at IS NULL OR next_attempt_at <= clock.now)
+) AS ready
+CROSS JOIN LATERAL (
+    SELECT count(DISTINCT activity.pid) AS blocking_transaction_count,
+           {unix_ms("min(activity.xact_start)")}
+               AS oldest_blocking_transaction_started_at_unix_ms
+    FROM pg_catalog.pg_locks AS lock
+    JOIN pg_catalog.pg_stat_activity AS activity ON activity.pid = lock.pid
+    WHERE lock.locktype = 'relation'
+      AND lock.granted
+      AND lock.relation = 'outbox'::regclass
+      AND lock.database = (SELECT oid FROM pg_catalog.pg_database
+                           WHERE datname = current_database())
+      AND activity.pid <> pg_backend_pid()
+      AND activity.xact_start IS NOT NULL
+) AS blocking
+"""
+)
+
+
+async def probe_relay(conn: asyncpg.Connection, policy: RelayPolicy) -> RelayEvidence:
+    """Evidence for the ``relay`` family."""
+    row = await fetch_probe(conn, RELAY_PROBE, policy.max_heartbeat_age_ms)
+    # The SQL aliases are the field names: a drift fails here, loudly.
+    return RelayEvidence(**dict(row))
+
+
+def classify_relay(evidence: RelayEvidence, policy: RelayPolicy) -> Verdict:
+    """The relay's progress: fresh heartbeat, owned lanes, publishing when work is due."""
+    unknown = timestamp_problems(
+        evidence.observed_at_unix_ms,
+        [
+            ("newest_heartbeat_at_unix_ms", evidence.newest_heartbeat_at_unix_ms),
+            ("newest_publish_at_unix_ms", evidence.newest_publish_at_unix_ms),
+            ("oldest_ready_created_at_unix_ms", evidence.oldest_ready_created_at_unix_ms),
+            (
+                "oldest_blocking_transaction_started_at_unix_ms",
+                evidence.oldest_blocking_transaction_started_at_unix_ms,
+            ),
+        ],
+    )
+    if unknown:
+        return verdict(unknown, [], [])
+    now = evidence.observed_at_unix_ms
+    assert now is not None  # checked above
+    counts = count_over(
+        "unowned_lane_count",
+        evidence.unowned_lane_count,
+        "max_unowned_lane_count",
+        policy.max_unowned_lane_count,
+    )
+    if evidence.newest_heartbeat_at_unix_ms is None:
+        counts.append("no relay instance has recorded a heartbeat")
+    ages = age_over(
+        "newest heartbeat age",
+        now,
+        evidence.newest_heartbeat_at_unix_ms,
+        "max_heartbeat_age_ms",
+        policy.max_heartbeat_age_ms,
+    )
+    if evidence.oldest_ready_created_at_unix_ms is not None:
+        # Work has waited since the later of its write and the last publish.
+        waiting_since = max(
+            evidence.oldest_ready_created_at_unix_ms, evidence.newest_publish_at_unix_ms or 0
+        )
+        stall = now - waiting_since
+        if stall > policy.max_publish_stall_ms:
+            ages.append(
+                f"ready events unpublished for {stall} ms > max_publish_stall_ms "
+                f"{policy.max_publish_stall_ms} ms"
+            )
+    ages += age_over(
+        "oldest blocking transaction age",
+        now,
+        evidence.oldest_blocking_transaction_started_at_unix_ms,
+        "max_blocking_transaction_age_ms",
+        policy.max_blocking_transaction_age_ms,
+    )
+    return verdict([], counts, ages)
+
+
+def relay_measurements(evidence: RelayEvidence) -> list[Measurement]:
+    """What the ``relay`` family shows."""
+    now = evidence.observed_at_unix_ms
+    return [
+        Measurement("live_instance_count", evidence.live_instance_count, "instances"),
+        Measurement("instance_count", evidence.instance_count, "instances"),
+        Measurement("heartbeat_age", age(now, evidence.newest_heartbeat_at_unix_ms), "ms"),
+        Measurement("last_publish_age", age(now, evidence.newest_publish_at_unix_ms), "ms"),
+        Measurement("unowned_lane_count", evidence.unowned_lane_count, "lanes"),
+        Measurement("lane_count", evidence.lane_count, "lanes"),
+        Measurement("oldest_ready_age", age(now, evidence.oldest_ready_created_at_unix_ms), "ms"),
+        Measurement(
+            "blocking_transaction_count", evidence.blocking_transaction_count, "transactions"
+        ),
+        Measurement(
+            "oldest_blocking_transaction_age",
+            age(now, evidence.oldest_blocking_transaction_started_at_unix_ms),
+            "ms",
+        ),
+    ]
+
+
+SPEC: FamilySpec[RelayPolicy, RelayEvidence] = FamilySpec(
+    policy_type=RelayPolicy,
+    evidence_type=RelayEvidence,
+    probe=lambda conn, policy, _context: probe_relay(conn, policy),
+    classify=classify_relay,
+    measurements=relay_measurements,
+    gauges=(
+        Gauge(
+            "outbox_relay_relay_live_instances",
+            "Relay instances with a fresh heartbeat.",
+            "live_instance_count",
+        ),
+        Gauge(
+            "outbox_relay_relay_heartbeat_age_seconds",
+            "Age of the newest relay heartbeat.",
+            "heartbeat_age",
+            seconds=True,
+        ),
+        Gauge(
+            "outbox_relay_relay_unowned_lanes",
+            "Relay lanes with no owner or an expired lease.",
+            "unowned_lane_count",
+        ),
+        Gauge(
+            "outbox_relay_relay_blocking_transaction_age_seconds",
+            "Age of the oldest other open transaction holding a lock on the outbox table.",
+            "oldest_blocking_transaction_age",
+            seconds=True,
+        ),
+    ),
+)

@@ -1,0 +1,106 @@
+"""Probe plumbing shared by every family: the clock fragment, running one statement, errors.
+
+Each probe statement reads the database clock once (``statement_timestamp()``, so a probe
+run inside a caller's long transaction is still current) and compares every stored time
+with it. Times are unix milliseconds, rounded (not truncated) as the scoring service does.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from health.errors import ProbeFailure
+from pgconnect import DB_ERRORS, unavailable_cause
+
+
+def unix_ms(timestamp: str) -> str:
+    """SQL: a ``timestamptz`` expression as unix milliseconds, rounded to the nearest one."""
+    return f"round(extract(epoch FROM {timestamp}) * 1000)::bigint"
+
+
+def unix_us(timestamp: str) -> str:
+    """SQL: a ``timestamptz`` expression as unix microseconds (its exact precision)."""
+    return f"(extract(epoch FROM {timestamp}) * 1000000)::bigint"
+
+
+# `clock` is evaluated once per statement; every comparison in a probe reads it.
+CLOCK = f"""
+WITH clock AS (
+    SELECT statement_timestamp() AS now,
+           {unix_ms("statement_timestamp()")} AS now_ms
+)
+"""
+
+
+# What acquiring a connection may raise on top of the driver's errors: asyncpg's DSN
+# parser raises ValueError. Each maps to a reason through probe_failure().
+CONNECT_ERRORS: tuple[type[BaseException], ...] = (*DB_ERRORS, ValueError)
+
+
+def probe_failure(exc: BaseException) -> ProbeFailure:
+    """Map a driver error to a :class:`ProbeFailure` whose reason carries no driver text."""
+    if isinstance(exc, ProbeFailure):
+        return exc
+    if isinstance(exc, asyncpg.UndefinedTableError):
+        return ProbeFailure("a table the probe reads is missing (42P01)")
+    if isinstance(exc, asyncpg.UndefinedColumnError):
+        return ProbeFailure("a column the probe reads is missing (42703)")
+    if isinstance(exc, asyncpg.InsufficientPrivilegeError):
+        return ProbeFailure("permission denied on a table the probe reads (42501)")
+    if isinstance(exc, asyncpg.QueryCanceledError | TimeoutError):
+        return ProbeFailure("probe timed out")
+    if isinstance(exc, asyncpg.PostgresError):
+        return ProbeFailure(f"database refused the probe ({exc.sqlstate})")
+    if isinstance(exc, asyncpg.InterfaceError | asyncpg.InternalClientError):
+        return ProbeFailure("database connection failed")
+    if isinstance(exc, ValueError):  # asyncpg's DSN parser
+        return ProbeFailure("database URL could not be parsed")
+    return ProbeFailure(f"database unavailable: {unavailable_cause(exc)}")
+
+
+_SAVEPOINT = "SAVEPOINT outbox_relay_health_probe"
+_RELEASE = "RELEASE SAVEPOINT outbox_relay_health_probe"
+_ROLLBACK = "ROLLBACK TO SAVEPOINT outbox_relay_health_probe"
+
+
+async def _fetch_in_savepoint(
+    conn: asyncpg.Connection, query: str, *args: object
+) -> asyncpg.Record | None:
+    # Plain SQL rather than conn.transaction(): the caller may have begun its
+    # transaction with BEGIN, which asyncpg's nested transactions refuse.
+    await conn.execute(_SAVEPOINT)
+    try:
+        row: asyncpg.Record | None = await conn.fetchrow(query, *args)
+    except asyncpg.PostgresError:
+        await conn.execute(_ROLLBACK)
+        await conn.execute(_RELEASE)
+        raise
+    await conn.execute(_RELEASE)
+    return row
+
+
+async def fetch_probe(conn: asyncpg.Connection, query: str, *args: object) -> asyncpg.Record:
+    """The one row of a probe statement; driver errors become :class:`ProbeFailure`."""
+    try:
+        # Inside a caller's transaction a failed statement would poison it; a savepoint
+        # keeps the caller's transaction usable and the other probes running.
+        if conn.is_in_transaction():
+            row = await _fetch_in_savepoint(conn, query, *args)
+        else:
+            row = await conn.fetchrow(query, *args)
+    except DB_ERRORS as exc:
+        raise probe_failure(exc) from exc
+    if row is None:  # an aggregate over `clock` always yields one row
+        raise ProbeFailure("probe returned no row")
+    return row
+
+
+async def fetch_probe_rows(
+    conn: asyncpg.Connection, query: str, *args: object
+) -> list[asyncpg.Record]:
+    """Every row of a statement run outside a transaction; errors become :class:`ProbeFailure`."""
+    try:
+        rows: list[asyncpg.Record] = await conn.fetch(query, *args)
+    except DB_ERRORS as exc:
+        raise probe_failure(exc) from exc
+    return rows
