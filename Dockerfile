@@ -10,7 +10,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /src
 # Only what the distribution needs (pyproject's readme must exist for the build).
 COPY pyproject.toml README.md ./
+COPY outbox_relay/ outbox_relay/
 COPY relay/ relay/
+COPY pgconnect/ pgconnect/
 COPY health/ health/
 COPY contracts/ contracts/
 COPY scoring/ scoring/

@@ -20,8 +20,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from health.completion import CompletionTracker
 from health.evaluate import evaluate
+from health.families.completion_tracker import CompletionTracker
 from health.policy import parse_policy
 
 pytestmark = pytest.mark.bench
