@@ -14,6 +14,7 @@ import os
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, fields
+from functools import partial
 from typing import Any
 
 from contracts.errors import ConfigError
@@ -209,6 +210,12 @@ class Repeated(Option):
         return list(vars(args)[self.dest] or [])
 
 
+# The flags of the relay's two help sections, taken by the verbs that run the relay.
+_kafka = partial(Text, verbs=RELAY_VERBS, group="kafka")
+_relay_text = partial(Text, verbs=RELAY_VERBS, group="relay")
+_relay_switch = partial(Switch, verbs=RELAY_VERBS, group="relay")
+
+
 def _relay_int(flag: str, env: str, help: str) -> Integer:
     """A relay tuning flag whose default is the RelayConfig field of the same name."""
     default = _RELAY[_dest(flag)]
@@ -238,108 +245,70 @@ LOG_FORMAT = Text(
     help="one JSON object per line, or text for people",
 )
 VERIFY = Switch(
-    flag="--verify",
-    verbs=frozenset({MIGRATE}),
-    help="only check; exit 1 when something is pending",
+    flag="--verify", verbs=frozenset({MIGRATE}), help="only check; exit 1 when something is pending"
 )
-KAFKA_BOOTSTRAP = Text(
-    flag="--kafka-bootstrap",
-    env="KAFKA_BOOTSTRAP_SERVERS",
-    verbs=RELAY_VERBS,
-    group="kafka",
-    help="host:port[,…]",
+KAFKA_BOOTSTRAP = _kafka(
+    flag="--kafka-bootstrap", env="KAFKA_BOOTSTRAP_SERVERS", help="host:port[,…]"
 )
-KAFKA_SECURITY_PROTOCOL = Text(
+KAFKA_SECURITY_PROTOCOL = _kafka(
     flag="--kafka-security-protocol",
     env="KAFKA_SECURITY_PROTOCOL",
     default=_SECURITY["protocol"],
-    verbs=RELAY_VERBS,
-    group="kafka",
     help="PLAINTEXT|SSL|SASL_PLAINTEXT|SASL_SSL",
 )
-KAFKA_SASL_MECHANISM = Text(
+KAFKA_SASL_MECHANISM = _kafka(
     flag="--kafka-sasl-mechanism",
     env="KAFKA_SASL_MECHANISM",
-    verbs=RELAY_VERBS,
-    group="kafka",
     help="PLAIN|SCRAM-SHA-256|SCRAM-SHA-512",
 )
-KAFKA_SASL_USERNAME = Text(
-    flag="--kafka-sasl-username",
-    env="KAFKA_SASL_USERNAME",
-    verbs=RELAY_VERBS,
-    group="kafka",
-    help="SASL user name",
+KAFKA_SASL_USERNAME = _kafka(
+    flag="--kafka-sasl-username", env="KAFKA_SASL_USERNAME", help="SASL user name"
 )
-KAFKA_SASL_PASSWORD_FILE = Text(
+KAFKA_SASL_PASSWORD_FILE = _kafka(
     flag="--kafka-sasl-password-file",
     env="KAFKA_SASL_PASSWORD_FILE",
     # Without a file, the password itself may come from this variable.
     fallback_env="KAFKA_SASL_PASSWORD",
-    verbs=RELAY_VERBS,
-    group="kafka",
     help="file holding the SASL password",
 )
-KAFKA_SSL_CAFILE = Text(
+KAFKA_SSL_CAFILE = _kafka(
     flag="--kafka-ssl-cafile",
     env="KAFKA_SSL_CAFILE",
     default_text="system CAs",
-    verbs=RELAY_VERBS,
-    group="kafka",
     help="CA bundle that verifies the brokers",
 )
-KAFKA_SSL_CERTFILE = Text(
-    flag="--kafka-ssl-certfile",
-    env="KAFKA_SSL_CERTFILE",
-    verbs=RELAY_VERBS,
-    group="kafka",
-    help="client certificate",
+KAFKA_SSL_CERTFILE = _kafka(
+    flag="--kafka-ssl-certfile", env="KAFKA_SSL_CERTFILE", help="client certificate"
 )
-KAFKA_SSL_KEYFILE = Text(
-    flag="--kafka-ssl-keyfile",
-    env="KAFKA_SSL_KEYFILE",
-    verbs=RELAY_VERBS,
-    group="kafka",
-    help="client certificate's key",
+KAFKA_SSL_KEYFILE = _kafka(
+    flag="--kafka-ssl-keyfile", env="KAFKA_SSL_KEYFILE", help="client certificate's key"
 )
-TOPIC_TEMPLATE = Text(
+TOPIC_TEMPLATE = _relay_text(
     flag="--topic-template",
     env="OUTBOX_RELAY_TOPIC_TEMPLATE",
     default=_RELAY["topic_template"],
-    verbs=RELAY_VERBS,
-    group="relay",
     help="topic of each event; {aggregatetype} is substituted",
 )
-CE_SOURCE = Text(
+CE_SOURCE = _relay_text(
     flag="--ce-source",
     env="OUTBOX_RELAY_CE_SOURCE",
     default=_RELAY["ce_source"],
-    verbs=RELAY_VERBS,
-    group="relay",
     help="CloudEvents source",
 )
-INSTANCE_ID = Text(
+INSTANCE_ID = _relay_text(
     flag="--instance-id",
     env="OUTBOX_RELAY_INSTANCE_ID",
     default_text="random per process",
-    verbs=RELAY_VERBS,
-    group="relay",
     help="stable instance name",
 )
-NO_NOTIFY = Switch(
+NO_NOTIFY = _relay_switch(
     flag="--no-notify",
     env="OUTBOX_RELAY_NO_NOTIFY",
     default_text="NOTIFY on",
-    verbs=RELAY_VERBS,
-    group="relay",
     help="poll only, without LISTEN/NOTIFY",
 )
-COMPRESSION = Text(
-    flag="--compression",
-    env="OUTBOX_RELAY_COMPRESSION",
-    verbs=RELAY_VERBS,
-    group="relay",
-    help="gzip|snappy|lz4|zstd",
+COMPRESSION = _relay_text(
+    flag="--compression", env="OUTBOX_RELAY_COMPRESSION", help="gzip|snappy|lz4|zstd"
 )
 RELAY_TUNING: tuple[Integer, ...] = (
     _relay_int("--batch-size", "OUTBOX_RELAY_BATCH_SIZE", "rows claimed per batch"),
