@@ -457,7 +457,10 @@ def resolve_logging(args: argparse.Namespace, environ: Environ = os.environ) -> 
 
 
 def resolve(args: argparse.Namespace, environ: Environ = os.environ) -> Settings:
-    """The one settings value of the parsed verb; raises ConfigError naming the bad input."""
+    """The parsed verb's one settings value (reading the policy and password files it names).
+
+    Raises :class:`ConfigError` naming the bad input.
+    """
     resolver: Callable[[argparse.Namespace, Environ], Settings] = _RESOLVERS[args.verb]
     return resolver(args, environ)
 

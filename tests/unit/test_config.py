@@ -1,4 +1,5 @@
-"""Configuration validation, listen addresses and database URLs: errors name the input, never a secret."""
+"""Configuration: validation, resolution of flags over environment over defaults, listen
+addresses and database URLs. Errors name the input, never a secret."""
 
 from __future__ import annotations
 
