@@ -15,6 +15,7 @@ import anyio
 import asyncpg
 
 from health.families.completion_outbox import TERMINAL_JOB_WITHOUT_EVENT
+from outbox_relay.settings import DemoOptions
 from pgconnect import connect
 from scoring.errors import ScoringWriteError
 from scoring.worker import claim_next_due, enqueue_job, expire_leases, fail_retryable
@@ -56,12 +57,12 @@ def _event(run: str) -> EventDetails:
 
 
 async def run_demo_workload(
-    database_url: str | None, options: dict[str, int], stop: anyio.Event
+    database_url: str | None, options: DemoOptions, stop: anyio.Event
 ) -> None:
     """Enqueue jobs, run workers and a reaper, report progress; stops with ``stop``."""
     run = uuid.uuid4().hex[:8]
     request_ref = f"demo-{run}"
-    jobs, workers = options["jobs"], options["workers"]
+    jobs, workers = options.jobs, options.workers
     conn = await connect(database_url)
     try:
         for i in range(jobs):
@@ -76,9 +77,7 @@ async def run_demo_workload(
             tasks.start_soon(_worker, database_url, f"worker-{run}-{n}", run, stop)
         tasks.start_soon(_dying_worker, database_url, f"worker-{run}-doomed")
         tasks.start_soon(_reaper, database_url, run, stop)
-        await _report(
-            database_url, run, request_ref, jobs, stop, options.get("exit_when_done", 0) == 1
-        )
+        await _report(database_url, run, request_ref, jobs, stop, options.exit_when_done)
         tasks.cancel_scope.cancel()
 
 

@@ -13,50 +13,45 @@ import signal
 import anyio
 from prometheus_client import CollectorRegistry
 
-from contracts.policy import Policy
 from health.sidecar import HealthSidecar
 from outbox_relay.demo import run_demo_workload
-from relay.config import RelayConfig
+from outbox_relay.settings import ServiceSettings
 from relay.engine import Relay
 from relay.metrics import RelayMetrics
 
 log = logging.getLogger("outbox_relay")
 
 
-async def run_service(
-    *,
-    database_url: str | None,
-    relay_config: RelayConfig | None,
-    policy: Policy,
-    listen: tuple[str, int],
-    receipt_retention_ms: int,
-    demo: dict[str, int] | None = None,
-) -> int:
+async def run_service(settings: ServiceSettings) -> int:
     """Run until a signal; returns the process exit code."""
     registry = CollectorRegistry()
-    relay = Relay(relay_config, RelayMetrics.register(registry)) if relay_config else None
+    config = settings.relay
+    relay = Relay(config, RelayMetrics.register(registry)) if config else None
     stop = anyio.Event()
     sidecar = HealthSidecar(
-        database_url=database_url,
-        policy=policy,
-        listen=listen,
+        database_url=settings.database_url,
+        policy=settings.policy,
+        listen=settings.listen,
         registry=registry,
         relay=relay,
-        receipt_retention_ms=receipt_retention_ms,
+        receipt_retention_ms=settings.receipt_retention_ms,
     )
     async with sidecar, anyio.create_task_group() as tasks:
         tasks.start_soon(_watch_signals, stop, tasks.cancel_scope, relay is not None)
         tasks.start_soon(sidecar.run, name="health")
         if relay is not None:
             tasks.start_soon(_relay_then_stop, relay, stop, tasks.cancel_scope, name="relay")
-        if demo is not None:
-            tasks.start_soon(run_demo_workload, database_url, demo, stop, name="demo")
+        if settings.demo is not None:
+            tasks.start_soon(
+                run_demo_workload, settings.database_url, settings.demo, stop, name="demo"
+            )
+        host, port = settings.listen
         log.info(
             "started",
             extra={
                 "relay": relay is not None,
-                "listen": f"{listen[0]}:{listen[1]}",
-                "instance_id": relay_config.instance_id if relay_config else None,
+                "listen": f"{host}:{port}",
+                "instance_id": config.instance_id if config else None,
             },
         )
     log.info("stopped")

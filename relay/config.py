@@ -1,4 +1,8 @@
-"""The relay's configuration: one frozen value built from flags and environment."""
+"""The relay's configuration: one frozen value built from flags and environment.
+
+The field defaults here are the relay's only defaults: the command line reads them from
+these fields for its flags, its help and the README's configuration table.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,11 @@ DEFAULT_TOPIC_TEMPLATE = "outbox.event.{aggregatetype}"
 _TEMPLATE_FIELDS = re.compile(r"\{([^{}]*)\}")
 _SECURITY_PROTOCOLS = frozenset({"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"})
 _SASL_MECHANISMS = frozenset({"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"})
+
+
+def new_instance_id() -> str:
+    """A random instance name, for a relay started without ``--instance-id``."""
+    return f"relay-{uuid.uuid4().hex[:12]}"
 
 
 @dataclass(frozen=True)
@@ -67,7 +76,7 @@ class RelayConfig:
     kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
     topic_template: str = DEFAULT_TOPIC_TEMPLATE
     ce_source: str = "urn:outbox-relay"
-    instance_id: str = field(default_factory=lambda: f"relay-{uuid.uuid4().hex[:12]}")
+    instance_id: str = field(default_factory=new_instance_id)
     batch_size: int = 1000
     max_in_flight_batches: int = 4
     poll_interval_ms: int = 1000

@@ -1,20 +1,56 @@
-"""Configuration validation, listen addresses and database URLs: errors name the input, never a secret."""
+"""Configuration: validation, resolution of flags over environment over defaults, listen
+addresses and database URLs. Errors name the input, never a secret."""
 
 from __future__ import annotations
 
 import re
+import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from contracts.errors import ConfigError
-from outbox_relay.cli import build_parser, default_listen, parse_listen, relay_config
+from outbox_relay.cli import build_parser
+from outbox_relay.options import (
+    OPTIONS,
+    VERBS,
+    Option,
+    Switch,
+    Text,
+    listen_address,
+    parse_listen,
+    resolve,
+    resolve_logging,
+)
+from outbox_relay.settings import (
+    DemoOptions,
+    HealthReportSettings,
+    LogSettings,
+    RedriveSettings,
+    ServiceSettings,
+)
 from pgconnect import describe_target, validate_database_url
 from relay.config import KafkaSecurity, RelayConfig, validate_topic_template
 
 SECRET = "s3cr3t-Passw0rd"
 ALL_INTERFACES = "0.0.0.0"  # noqa: S104 - the documented default with PORT
+POLICY = str(Path(__file__).resolve().parents[2] / "docs" / "policy.example.toml")
+EVENT = uuid.UUID("0192b7f0-0000-7000-8000-000000000001")
+
+
+def service(argv: list[str], environ: dict[str, str]) -> ServiceSettings:
+    """``run ARGV`` resolved against exactly ``environ`` (never the test runner's)."""
+    settings = resolve(build_parser().parse_args(["run", "--policy", POLICY, *argv]), environ)
+    assert isinstance(settings, ServiceSettings)
+    return settings
+
+
+def relay(argv: list[str], environ: dict[str, str]) -> RelayConfig:
+    settings = service(argv, environ)
+    assert settings.relay is not None
+    return settings.relay
 
 
 def config(**overrides: Any) -> RelayConfig:
@@ -139,16 +175,11 @@ def test_unreadable_tls_files_are_a_config_error() -> None:
         KafkaSecurity(protocol="SSL", ssl_cafile="/nonexistent/ca.pem").ssl_context()
 
 
-def test_cli_reads_the_sasl_password_from_a_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    for name in ("KAFKA_SASL_PASSWORD", "KAFKA_SECURITY_PROTOCOL", "OUTBOX_RELAY_BATCH_SIZE"):
-        monkeypatch.delenv(name, raising=False)
+def test_cli_reads_the_sasl_password_from_a_file(tmp_path: Path) -> None:
     secret_file = tmp_path / "sasl"
     secret_file.write_text(SECRET + "\n")
-    args = build_parser().parse_args(
+    c = relay(
         [
-            "run",
             "--kafka-bootstrap",
             "b:9092",
             "--kafka-security-protocol",
@@ -159,27 +190,212 @@ def test_cli_reads_the_sasl_password_from_a_file(
             "relay",
             "--kafka-sasl-password-file",
             str(secret_file),
-        ]
+        ],
+        {"KAFKA_SASL_PASSWORD": "not-this-one"},  # the file wins
     )
-    c = relay_config(args)
     assert c.kafka_security.protocol == "SASL_SSL"
     assert c.kafka_security.sasl_password == SECRET
     assert SECRET not in repr(c)
 
 
-def test_cli_flag_beats_environment_and_bad_env_integers_name_the_variable(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("OUTBOX_RELAY_BATCH_SIZE", "250")
-    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "env:9092")
-    args = build_parser().parse_args(["run", "--batch-size", "10"])
-    c = relay_config(args)
+def test_cli_reads_the_sasl_password_from_the_environment_without_a_file() -> None:
+    environ = {
+        "KAFKA_BOOTSTRAP_SERVERS": "b:9092",
+        "KAFKA_SECURITY_PROTOCOL": "sasl_plaintext",
+        "KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+        "KAFKA_SASL_USERNAME": "relay",
+        "KAFKA_SASL_PASSWORD": SECRET,
+    }
+    c = relay([], environ)
+    assert c.kafka_security.protocol == "SASL_PLAINTEXT"
+    assert c.kafka_security.sasl_password == SECRET
+
+
+def test_an_unreadable_sasl_password_file_names_the_flag(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match="--kafka-sasl-password-file"):
+        relay(["--kafka-sasl-password-file", missing], {"KAFKA_BOOTSTRAP_SERVERS": "b:9092"})
+
+
+def test_cli_flag_beats_environment_and_bad_env_integers_name_the_variable() -> None:
+    environ = {"OUTBOX_RELAY_BATCH_SIZE": "250", "KAFKA_BOOTSTRAP_SERVERS": "env:9092"}
+    c = relay(["--batch-size", "10"], environ)
     assert c.batch_size == 10
     assert c.kafka_bootstrap == "env:9092"
-    assert relay_config(build_parser().parse_args(["run"])).batch_size == 250
-    monkeypatch.setenv("OUTBOX_RELAY_BATCH_SIZE", "lots")
+    assert relay([], environ).batch_size == 250
     with pytest.raises(ConfigError, match="OUTBOX_RELAY_BATCH_SIZE"):
-        relay_config(build_parser().parse_args(["run"]))
+        relay([], {**environ, "OUTBOX_RELAY_BATCH_SIZE": "lots"})
+
+
+def test_without_flags_or_environment_the_relay_gets_relay_config_defaults() -> None:
+    c = relay([], {"KAFKA_BOOTSTRAP_SERVERS": "b:9092"})
+    defaults = RelayConfig(database_url=None, kafka_bootstrap="b:9092")
+    assert c == replace(defaults, instance_id=c.instance_id)
+    assert c.instance_id.startswith("relay-")
+
+
+def test_empty_variables_count_as_unset() -> None:
+    environ = {
+        "KAFKA_BOOTSTRAP_SERVERS": "b:9092",
+        "OUTBOX_RELAY_BATCH_SIZE": "",
+        "OUTBOX_RELAY_TOPIC_TEMPLATE": "",
+        "OUTBOX_RELAY_INSTANCE_ID": "",
+        "KAFKA_SECURITY_PROTOCOL": "",
+        "DATABASE_URL": "",
+    }
+    settings = service([], environ)
+    assert settings.database_url is None
+    assert settings.relay is not None
+    assert settings.relay.batch_size == RelayConfig.batch_size
+    assert settings.relay.topic_template == "outbox.event.{aggregatetype}"
+    assert settings.relay.instance_id.startswith("relay-")
+    assert settings.relay.kafka_security.protocol == "PLAINTEXT"
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "notify"),
+    [
+        ([], {}, True),
+        (["--no-notify"], {}, False),
+        ([], {"OUTBOX_RELAY_NO_NOTIFY": "1"}, False),
+        ([], {"OUTBOX_RELAY_NO_NOTIFY": "true"}, False),
+        ([], {"OUTBOX_RELAY_NO_NOTIFY": "yes"}, False),
+        ([], {"OUTBOX_RELAY_NO_NOTIFY": "0"}, True),
+        ([], {"OUTBOX_RELAY_NO_NOTIFY": ""}, True),
+    ],
+)
+def test_no_notify_from_flag_or_environment(
+    argv: list[str], environ: dict[str, str], notify: bool
+) -> None:
+    c = relay(argv, {"KAFKA_BOOTSTRAP_SERVERS": "b:9092", **environ})
+    assert c.notify is notify
+
+
+def test_the_relay_and_the_sidecar_share_one_url_and_one_retention() -> None:
+    url = f"postgresql://relay:{SECRET}@db.internal/app"
+    settings = service(
+        ["--database-url", url, "--receipt-retention-ms", "5000"],
+        {"KAFKA_BOOTSTRAP_SERVERS": "b:9092", "DATABASE_URL": "postgresql:///other"},
+    )
+    assert settings.relay is not None
+    assert settings.database_url == settings.relay.database_url == url
+    assert settings.receipt_retention_ms == settings.relay.receipt_retention_ms == 5000
+    assert SECRET not in repr(settings)
+
+
+def test_settings_refuse_a_relay_that_disagrees_with_the_sidecar() -> None:
+    settings = service([], {"KAFKA_BOOTSTRAP_SERVERS": "b:9092"})
+    assert settings.relay is not None
+    with pytest.raises(ConfigError, match="share"):
+        replace(settings, receipt_retention_ms=settings.receipt_retention_ms + 1)
+    with pytest.raises(ConfigError, match="share"):
+        replace(settings, database_url="postgresql:///elsewhere")
+
+
+def test_no_relay_needs_no_kafka_and_still_reads_the_retention() -> None:
+    settings = service(["--no-relay"], {"OUTBOX_RELAY_RECEIPT_RETENTION_MS": "60000"})
+    assert settings.relay is None
+    assert settings.receipt_retention_ms == 60_000
+    assert settings.demo is None
+
+
+def test_the_relay_needs_a_bootstrap_server() -> None:
+    with pytest.raises(ConfigError, match=r"--kafka-bootstrap \(KAFKA_BOOTSTRAP_SERVERS\)"):
+        service([], {})
+
+
+@pytest.mark.parametrize("verb", ["check", "status"])
+def test_health_reports_default_to_the_relays_receipt_retention(verb: str) -> None:
+    settings = resolve(build_parser().parse_args([verb, "--policy", POLICY]), {})
+    assert isinstance(settings, HealthReportSettings)
+    assert settings.receipt_retention_ms == RelayConfig.receipt_retention_ms
+    assert settings.table is (verb == "status")
+
+
+def test_health_reports_need_a_policy() -> None:
+    with pytest.raises(ConfigError, match="no built-in health bounds"):
+        resolve(build_parser().parse_args(["check"]), {})
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "expected"),
+    [
+        ([], {}, DemoOptions(jobs=2000, workers=4, exit_when_done=False)),
+        ([], {"OUTBOX_RELAY_DEMO_JOBS": "50"}, DemoOptions(50, 4, False)),
+        (["--jobs", "7"], {"OUTBOX_RELAY_DEMO_JOBS": "50"}, DemoOptions(7, 4, False)),
+        (["--workers", "2", "--exit-when-done"], {}, DemoOptions(2000, 2, True)),
+    ],
+)
+def test_demo_options(argv: list[str], environ: dict[str, str], expected: DemoOptions) -> None:
+    argv = ["demo", "--policy", POLICY, *argv]
+    settings = resolve(
+        build_parser().parse_args(argv), {"KAFKA_BOOTSTRAP_SERVERS": "b:9", **environ}
+    )
+    assert isinstance(settings, ServiceSettings)
+    assert settings.demo == expected
+    assert settings.relay is not None
+
+
+@pytest.mark.parametrize("flag", ["--jobs", "--workers"])
+def test_demo_needs_positive_jobs_and_workers(flag: str) -> None:
+    with pytest.raises(ConfigError, match=flag):
+        DemoOptions(
+            jobs=0 if flag == "--jobs" else 1,
+            workers=0 if flag == "--workers" else 1,
+            exit_when_done=False,
+        )
+
+
+@pytest.mark.parametrize(
+    ("argv", "ids", "everything"),
+    [
+        (["--all"], None, True),
+        (["--id", str(EVENT), "--id", str(EVENT)], [EVENT, EVENT], False),
+    ],
+)
+def test_redrive_selection(argv: list[str], ids: list[uuid.UUID] | None, everything: bool) -> None:
+    settings = resolve(build_parser().parse_args(["redrive", *argv]), {})
+    assert isinstance(settings, RedriveSettings)
+    assert settings.selection.ids == ids
+    assert settings.selection.everything is everything
+
+
+def test_redrive_refuses_an_id_that_is_not_a_uuid() -> None:
+    with pytest.raises(ConfigError, match="--id"):
+        resolve(build_parser().parse_args(["redrive", "--id", "nope"]), {})
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "expected"),
+    [
+        ([], {}, LogSettings("info", "json")),
+        (
+            [],
+            {"OUTBOX_RELAY_LOG_LEVEL": "debug", "OUTBOX_RELAY_LOG_FORMAT": "text"},
+            LogSettings("debug", "text"),
+        ),
+        (
+            ["--log-level", "error"],
+            {"OUTBOX_RELAY_LOG_LEVEL": "debug"},
+            LogSettings("error", "json"),
+        ),
+    ],
+)
+def test_log_settings(argv: list[str], environ: dict[str, str], expected: LogSettings) -> None:
+    args = build_parser().parse_args(["migrate", *argv])
+    assert resolve_logging(args, environ) == expected
+
+
+@pytest.mark.parametrize("option", OPTIONS, ids=lambda option: option.flag)
+@pytest.mark.parametrize("verb", [name for name, _ in VERBS])
+def test_each_verb_takes_exactly_its_declared_flags(option: Option, verb: str) -> None:
+    value = option.choices[0] if isinstance(option, Text) and option.choices else "1"
+    argv = [verb, option.flag] if isinstance(option, Switch) else [verb, option.flag, value]
+    if verb in option.verbs:
+        assert option.dest in vars(build_parser().parse_args(argv))
+    else:
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(argv)
 
 
 # -- listen addresses -------------------------------------------------------------------------
@@ -205,26 +421,30 @@ def test_parse_listen_refuses_bad_addresses(value: str) -> None:
         parse_listen(value)
 
 
-def test_default_listen_prefers_health_listen_addr(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HEALTH_LISTEN_ADDR", "10.0.0.5:7000")
-    monkeypatch.setenv("PORT", "9999")
-    assert default_listen() == "10.0.0.5:7000"
+def default_listen(environ: dict[str, str], *argv: str) -> str:
+    return listen_address(build_parser().parse_args(["run", *argv]), environ)
 
 
-def test_default_listen_uses_port_on_all_interfaces(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("HEALTH_LISTEN_ADDR", raising=False)
-    monkeypatch.setenv("PORT", "9999")
-    assert default_listen() == f"{ALL_INTERFACES}:9999"
-    assert parse_listen(default_listen()) == (ALL_INTERFACES, 9999)
+def test_default_listen_prefers_health_listen_addr() -> None:
+    assert (
+        default_listen({"HEALTH_LISTEN_ADDR": "10.0.0.5:7000", "PORT": "9999"}) == "10.0.0.5:7000"
+    )
 
 
-def test_default_listen_falls_back_to_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("HEALTH_LISTEN_ADDR", raising=False)
-    monkeypatch.delenv("PORT", raising=False)
-    assert default_listen() == "127.0.0.1:8080"
-    monkeypatch.setenv("HEALTH_LISTEN_ADDR", "")  # empty counts as unset
-    monkeypatch.setenv("PORT", "")
-    assert default_listen() == "127.0.0.1:8080"
+def test_the_listen_flag_beats_the_environment() -> None:
+    environ = {"HEALTH_LISTEN_ADDR": "10.0.0.5:7000", "PORT": "9999"}
+    assert default_listen(environ, "--listen", "127.0.0.2:81") == "127.0.0.2:81"
+
+
+def test_default_listen_uses_port_on_all_interfaces() -> None:
+    assert default_listen({"PORT": "9999"}) == f"{ALL_INTERFACES}:9999"
+    assert parse_listen(default_listen({"PORT": "9999"})) == (ALL_INTERFACES, 9999)
+
+
+def test_default_listen_falls_back_to_loopback() -> None:
+    assert default_listen({}) == "127.0.0.1:8080"
+    # Empty counts as unset.
+    assert default_listen({"HEALTH_LISTEN_ADDR": "", "PORT": ""}) == "127.0.0.1:8080"
 
 
 # -- database URLs ----------------------------------------------------------------------------

@@ -1,0 +1,578 @@
+"""Every ``outbox-relay`` flag, declared once, and the settings each verb resolves from them.
+
+:data:`OPTIONS` names, for every flag, the verbs that take it, its environment variable, its
+default and its help; the command line is generated from it and ``tests/unit`` holds the
+README's configuration table to it. A flag wins over its variable, and an empty variable
+counts as unset. The relay's defaults are :class:`~relay.config.RelayConfig`'s own fields,
+read here rather than written again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, fields
+from functools import partial
+from typing import Any
+
+from contracts.errors import ConfigError
+from health.policy import load_policy
+from outbox_relay.settings import (
+    DemoOptions,
+    HealthReportSettings,
+    LogSettings,
+    MigrateSettings,
+    RedriveSettings,
+    ServiceSettings,
+    Settings,
+)
+from pgconnect import validate_database_url
+from relay.config import KafkaSecurity, RelayConfig, new_instance_id
+from relay.redrive import RedriveFilter
+
+MIGRATE, RUN, CHECK, STATUS, REDRIVE, DEMO = "migrate", "run", "check", "status", "redrive", "demo"
+
+# Each verb and its one-line help, in the order ``outbox-relay --help`` lists them.
+VERBS: tuple[tuple[str, str], ...] = (
+    (MIGRATE, "apply migrations (idempotent)"),
+    (RUN, "relay + health sidecar in one process"),
+    (CHECK, "one health evaluation as JSON"),
+    (STATUS, "one health evaluation as a table"),
+    (REDRIVE, "return quarantined events to the relay"),
+    (DEMO, "the whole system with a synthetic scoring workload"),
+)
+EVERY_VERB = frozenset(name for name, _ in VERBS)
+RELAY_VERBS = frozenset({RUN, DEMO})
+HEALTH_VERBS = frozenset({RUN, CHECK, STATUS, DEMO})
+
+Environ = Mapping[str, str]
+
+
+def _defaults_of(config_type: type[Any]) -> dict[str, Any]:
+    return {f.name: f.default for f in fields(config_type) if f.default is not MISSING}
+
+
+def _dest(flag: str) -> str:
+    return flag.removeprefix("--").replace("-", "_")
+
+
+_RELAY = _defaults_of(RelayConfig)
+_SECURITY = _defaults_of(KafkaSecurity)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Option:
+    """One flag: the verbs that take it, its environment variable and its help."""
+
+    flag: str
+    verbs: frozenset[str]
+    help: str
+    env: str | None = None
+    # A second variable read when the flag and ``env`` are unset; its resolver says how.
+    fallback_env: str | None = None
+    # A default that is no single value ("random per process"), as help and README say it.
+    default_text: str | None = None
+    group: str | None = None
+
+    @property
+    def dest(self) -> str:
+        """The attribute argparse stores the flag under (and the RelayConfig field, if any)."""
+        return _dest(self.flag)
+
+    @property
+    def default_value(self) -> object:
+        """The value used when neither the flag nor a variable is given."""
+        return None
+
+    def add_to(self, container: Any) -> None:
+        """Add this flag to a parser or an argument group."""
+        container.add_argument(self.flag, default=None, help=self.help_text())
+
+    def help_text(self) -> str:
+        """The help line: what it is, its variables and its default."""
+        notes = []
+        if self.env:
+            notes.append(f"{self.env}, else {self.fallback_env}" if self.fallback_env else self.env)
+        default = self.default_text or self.default_value
+        if default is not None and default is not False:
+            notes.append(f"default {default}")
+        return f"{self.help} ({'; '.join(notes)})" if notes else self.help
+
+    def given(self, args: argparse.Namespace) -> Any:
+        """The flag's value, or None when it was not given (an empty value counts as not given)."""
+        value = vars(args)[self.dest]
+        return None if value in (None, "") else value
+
+    def from_env(self, environ: Environ) -> str | None:
+        """The variable's text, or None when it is unset or empty."""
+        return (environ.get(self.env) or None) if self.env else None
+
+    def fallback(self, environ: Environ) -> str | None:
+        """The fallback variable's text, or None when it is unset or empty."""
+        return (environ.get(self.fallback_env) or None) if self.fallback_env else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Text(Option):
+    """A flag with a text value."""
+
+    default: str | None = None
+    choices: tuple[str, ...] = ()
+    # Set on a flag that has no default and must be given: why, for the error line.
+    required_because: str | None = None
+
+    @property
+    def default_value(self) -> object:
+        """The value used when neither the flag nor a variable is given."""
+        return self.default
+
+    def add_to(self, container: Any) -> None:
+        """Add this flag to a parser or an argument group."""
+        container.add_argument(
+            self.flag, default=None, choices=self.choices or None, help=self.help_text()
+        )
+
+    def explicit(self, args: argparse.Namespace, environ: Environ) -> str | None:
+        """The flag, else the variable; None when neither is given."""
+        given = self.given(args)
+        return str(given) if given is not None else self.from_env(environ)
+
+    def value(self, args: argparse.Namespace, environ: Environ) -> str | None:
+        """The flag, else the variable, else the default."""
+        return self.explicit(args, environ) or self.default
+
+    def required(self, args: argparse.Namespace, environ: Environ) -> str:
+        """The value, or a :class:`ConfigError` naming the flag and its variable."""
+        value = self.value(args, environ)
+        if value is None:
+            why = f": {self.required_because}" if self.required_because else ""
+            raise ConfigError(f"{self.flag} ({self.env}) is required{why}")
+        return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class Integer(Option):
+    """A flag with an integer value and a default."""
+
+    default: int
+
+    @property
+    def default_value(self) -> object:
+        """The value used when neither the flag nor a variable is given."""
+        return self.default
+
+    def add_to(self, container: Any) -> None:
+        """Add this flag to a parser or an argument group."""
+        container.add_argument(self.flag, type=int, default=None, help=self.help_text())
+
+    def value(self, args: argparse.Namespace, environ: Environ) -> int:
+        """The flag (argparse checked it), else the variable, else the default."""
+        given = self.given(args)
+        if given is not None:
+            return int(given)
+        raw = self.from_env(environ)
+        if raw is None:
+            return self.default
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"{self.env} must be an integer") from None
+
+
+_TRUE = frozenset({"1", "true", "yes"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Switch(Option):
+    """A flag without a value; its variable turns it on with 1, true or yes."""
+
+    def add_to(self, container: Any) -> None:
+        """Add this flag to a parser or an argument group."""
+        container.add_argument(self.flag, action="store_true", default=None, help=self.help_text())
+
+    def value(self, args: argparse.Namespace, environ: Environ) -> bool:
+        """On when the flag is given or the variable says so."""
+        return self.given(args) is not None or self.from_env(environ) in _TRUE
+
+
+@dataclass(frozen=True, kw_only=True)
+class Repeated(Option):
+    """A flag that may be given several times; no variable."""
+
+    def add_to(self, container: Any) -> None:
+        """Add this flag to a parser or an argument group."""
+        container.add_argument(self.flag, action="append", default=None, help=self.help_text())
+
+    def values(self, args: argparse.Namespace) -> list[str]:
+        """Every value given, in order."""
+        return list(vars(args)[self.dest] or [])
+
+
+# The flags of the relay's two help sections, taken by the verbs that run the relay.
+_kafka = partial(Text, verbs=RELAY_VERBS, group="kafka")
+_relay_text = partial(Text, verbs=RELAY_VERBS, group="relay")
+_relay_switch = partial(Switch, verbs=RELAY_VERBS, group="relay")
+
+
+def _relay_int(flag: str, env: str, help: str) -> Integer:
+    """A relay tuning flag whose default is the RelayConfig field of the same name."""
+    default = _RELAY[_dest(flag)]
+    return Integer(flag=flag, env=env, help=help, verbs=RELAY_VERBS, group="relay", default=default)
+
+
+# -- the declaration ---------------------------------------------------------------------------
+DATABASE_URL = Text(
+    flag="--database-url",
+    env="DATABASE_URL",
+    verbs=EVERY_VERB,
+    help="postgresql:// URL; without one, libpq PG* variables apply",
+)
+LOG_LEVEL = Text(
+    flag="--log-level",
+    env="OUTBOX_RELAY_LOG_LEVEL",
+    default="info",
+    verbs=EVERY_VERB,
+    help="debug|info|warning|error",
+)
+LOG_FORMAT = Text(
+    flag="--log-format",
+    env="OUTBOX_RELAY_LOG_FORMAT",
+    default="json",
+    choices=("json", "text"),
+    verbs=EVERY_VERB,
+    help="one JSON object per line, or text for people",
+)
+VERIFY = Switch(
+    flag="--verify", verbs=frozenset({MIGRATE}), help="only check; exit 1 when something is pending"
+)
+KAFKA_BOOTSTRAP = _kafka(
+    flag="--kafka-bootstrap", env="KAFKA_BOOTSTRAP_SERVERS", help="host:port[,…]"
+)
+KAFKA_SECURITY_PROTOCOL = _kafka(
+    flag="--kafka-security-protocol",
+    env="KAFKA_SECURITY_PROTOCOL",
+    default=_SECURITY["protocol"],
+    help="PLAINTEXT|SSL|SASL_PLAINTEXT|SASL_SSL",
+)
+KAFKA_SASL_MECHANISM = _kafka(
+    flag="--kafka-sasl-mechanism",
+    env="KAFKA_SASL_MECHANISM",
+    help="PLAIN|SCRAM-SHA-256|SCRAM-SHA-512",
+)
+KAFKA_SASL_USERNAME = _kafka(
+    flag="--kafka-sasl-username", env="KAFKA_SASL_USERNAME", help="SASL user name"
+)
+KAFKA_SASL_PASSWORD_FILE = _kafka(
+    flag="--kafka-sasl-password-file",
+    env="KAFKA_SASL_PASSWORD_FILE",
+    # Without a file, the password itself may come from this variable.
+    fallback_env="KAFKA_SASL_PASSWORD",
+    help="file holding the SASL password",
+)
+KAFKA_SSL_CAFILE = _kafka(
+    flag="--kafka-ssl-cafile",
+    env="KAFKA_SSL_CAFILE",
+    default_text="system CAs",
+    help="CA bundle that verifies the brokers",
+)
+KAFKA_SSL_CERTFILE = _kafka(
+    flag="--kafka-ssl-certfile", env="KAFKA_SSL_CERTFILE", help="client certificate"
+)
+KAFKA_SSL_KEYFILE = _kafka(
+    flag="--kafka-ssl-keyfile", env="KAFKA_SSL_KEYFILE", help="client certificate's key"
+)
+TOPIC_TEMPLATE = _relay_text(
+    flag="--topic-template",
+    env="OUTBOX_RELAY_TOPIC_TEMPLATE",
+    default=_RELAY["topic_template"],
+    help="topic of each event; {aggregatetype} is substituted",
+)
+CE_SOURCE = _relay_text(
+    flag="--ce-source",
+    env="OUTBOX_RELAY_CE_SOURCE",
+    default=_RELAY["ce_source"],
+    help="CloudEvents source",
+)
+INSTANCE_ID = _relay_text(
+    flag="--instance-id",
+    env="OUTBOX_RELAY_INSTANCE_ID",
+    default_text="random per process",
+    help="stable instance name",
+)
+NO_NOTIFY = _relay_switch(
+    flag="--no-notify",
+    env="OUTBOX_RELAY_NO_NOTIFY",
+    default_text="NOTIFY on",
+    help="poll only, without LISTEN/NOTIFY",
+)
+COMPRESSION = _relay_text(
+    flag="--compression", env="OUTBOX_RELAY_COMPRESSION", help="gzip|snappy|lz4|zstd"
+)
+RELAY_TUNING: tuple[Integer, ...] = (
+    _relay_int("--batch-size", "OUTBOX_RELAY_BATCH_SIZE", "rows claimed per batch"),
+    _relay_int(
+        "--max-in-flight-batches", "OUTBOX_RELAY_MAX_IN_FLIGHT_BATCHES", "batches sent at once"
+    ),
+    _relay_int("--poll-interval-ms", "OUTBOX_RELAY_POLL_INTERVAL_MS", "poll without NOTIFY"),
+    _relay_int(
+        "--max-attempts", "OUTBOX_RELAY_MAX_ATTEMPTS", "permanent failures before quarantine"
+    ),
+    _relay_int("--retry-base-ms", "OUTBOX_RELAY_RETRY_BASE_MS", "first retry delay"),
+    _relay_int("--retry-cap-ms", "OUTBOX_RELAY_RETRY_CAP_MS", "longest retry delay"),
+    _relay_int("--lease-ttl-ms", "OUTBOX_RELAY_LEASE_TTL_MS", "lane lease lifetime"),
+    _relay_int("--lease-renew-ms", "OUTBOX_RELAY_LEASE_RENEW_MS", "lane lease renewal"),
+    _relay_int("--send-timeout-ms", "OUTBOX_RELAY_SEND_TIMEOUT_MS", "Kafka acknowledgement wait"),
+    _relay_int("--prune-batch-size", "OUTBOX_RELAY_PRUNE_BATCH_SIZE", "receipts pruned at once"),
+    _relay_int("--drain-timeout-ms", "OUTBOX_RELAY_DRAIN_TIMEOUT_MS", "in-flight wait on shutdown"),
+    _relay_int("--linger-ms", "OUTBOX_RELAY_LINGER_MS", "producer batching delay"),
+    _relay_int(
+        "--blocking-transaction-warn-ms",
+        "OUTBOX_RELAY_BLOCKING_TRANSACTION_WARN_MS",
+        "log an open outbox writer older than this",
+    ),
+)
+POLICY = Text(
+    flag="--policy",
+    env="OUTBOX_RELAY_POLICY",
+    verbs=HEALTH_VERBS,
+    required_because="there are no built-in health bounds",
+    help="health policy TOML",
+)
+RECEIPT_RETENTION = Integer(
+    flag="--receipt-retention-ms",
+    env="OUTBOX_RELAY_RECEIPT_RETENTION_MS",
+    default=_RELAY["receipt_retention_ms"],
+    verbs=HEALTH_VERBS,
+    help="how long receipts are kept",
+)
+LISTEN = Text(
+    flag="--listen",
+    env="HEALTH_LISTEN_ADDR",
+    # PORT alone means that port on all interfaces (the platform convention).
+    fallback_env="PORT",
+    default="127.0.0.1:8080",
+    verbs=RELAY_VERBS,
+    help="HOST:PORT of the health sidecar",
+)
+NO_RELAY = Switch(flag="--no-relay", verbs=frozenset({RUN}), help="run the health sidecar alone")
+EVENT_ID = Repeated(flag="--id", verbs=frozenset({REDRIVE}), help="event id (repeatable)")
+AGGREGATETYPE = Text(
+    flag="--aggregatetype", verbs=frozenset({REDRIVE}), help="events of this aggregate type"
+)
+EVENT_TYPE = Text(flag="--type", verbs=frozenset({REDRIVE}), help="events of this type")
+ERROR_CLASS = Text(
+    flag="--error-class", verbs=frozenset({REDRIVE}), help="events quarantined with this class"
+)
+EVERYTHING = Switch(flag="--all", verbs=frozenset({REDRIVE}), help="every quarantined event")
+DEMO_JOBS = Integer(
+    flag="--jobs",
+    env="OUTBOX_RELAY_DEMO_JOBS",
+    default=2000,
+    verbs=frozenset({DEMO}),
+    help="scoring jobs to run",
+)
+DEMO_WORKERS = Integer(flag="--workers", default=4, verbs=frozenset({DEMO}), help="scoring workers")
+EXIT_WHEN_DONE = Switch(
+    flag="--exit-when-done",
+    verbs=frozenset({DEMO}),
+    help="stop once every job is terminal and every event published",
+)
+
+OPTIONS: tuple[Option, ...] = (
+    DATABASE_URL,
+    LOG_LEVEL,
+    LOG_FORMAT,
+    VERIFY,
+    KAFKA_BOOTSTRAP,
+    KAFKA_SECURITY_PROTOCOL,
+    KAFKA_SASL_MECHANISM,
+    KAFKA_SASL_USERNAME,
+    KAFKA_SASL_PASSWORD_FILE,
+    KAFKA_SSL_CAFILE,
+    KAFKA_SSL_CERTFILE,
+    KAFKA_SSL_KEYFILE,
+    TOPIC_TEMPLATE,
+    CE_SOURCE,
+    INSTANCE_ID,
+    NO_NOTIFY,
+    COMPRESSION,
+    *RELAY_TUNING,
+    POLICY,
+    RECEIPT_RETENTION,
+    LISTEN,
+    NO_RELAY,
+    EVENT_ID,
+    AGGREGATETYPE,
+    EVENT_TYPE,
+    ERROR_CLASS,
+    EVERYTHING,
+    DEMO_JOBS,
+    DEMO_WORKERS,
+    EXIT_WHEN_DONE,
+)
+
+
+def add_options(parser: argparse.ArgumentParser, verb: str) -> None:
+    """Add every flag ``verb`` takes, in declaration order, grouped as declared."""
+    groups: dict[str, Any] = {}
+    for option in OPTIONS:
+        if verb not in option.verbs:
+            continue
+        container: Any = parser
+        if option.group is not None:
+            if option.group not in groups:
+                groups[option.group] = parser.add_argument_group(option.group)
+            container = groups[option.group]
+        option.add_to(container)
+
+
+# -- resolution --------------------------------------------------------------------------------
+def parse_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[V6]:PORT`` → (host, port)."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ConfigError(f"--listen must be HOST:PORT, got {value!r}")
+    port = int(port_text)
+    if not 0 <= port < 65536:
+        raise ConfigError(f"--listen port must be 0-65535, got {port}")
+    return host.strip("[]"), port
+
+
+def listen_address(args: argparse.Namespace, environ: Environ = os.environ) -> str:
+    """--listen, else HEALTH_LISTEN_ADDR, else PORT on all interfaces, else 127.0.0.1:8080."""
+    explicit = LISTEN.explicit(args, environ)
+    if explicit:
+        return explicit
+    port = LISTEN.fallback(environ)
+    return f"0.0.0.0:{port}" if port else LISTEN.required(args, environ)
+
+
+def resolve_logging(args: argparse.Namespace, environ: Environ = os.environ) -> LogSettings:
+    """Log level and format; every verb has them."""
+    return LogSettings(
+        level=LOG_LEVEL.required(args, environ), format=LOG_FORMAT.required(args, environ)
+    )
+
+
+def resolve(args: argparse.Namespace, environ: Environ = os.environ) -> Settings:
+    """The parsed verb's one settings value (reading the policy and password files it names).
+
+    Raises :class:`ConfigError` naming the bad input.
+    """
+    resolver: Callable[[argparse.Namespace, Environ], Settings] = _RESOLVERS[args.verb]
+    return resolver(args, environ)
+
+
+def _database_url(args: argparse.Namespace, environ: Environ) -> str | None:
+    return validate_database_url(DATABASE_URL.value(args, environ))
+
+
+def _migrate(args: argparse.Namespace, environ: Environ) -> MigrateSettings:
+    return MigrateSettings(
+        database_url=_database_url(args, environ), verify=VERIFY.value(args, environ)
+    )
+
+
+def _redrive(args: argparse.Namespace, environ: Environ) -> RedriveSettings:
+    try:
+        ids = [uuid.UUID(text) for text in EVENT_ID.values(args)] or None
+    except ValueError:
+        raise ConfigError("--id must be an event id (a UUID)") from None
+    selection = RedriveFilter(
+        ids=ids,
+        aggregatetype=AGGREGATETYPE.value(args, environ),
+        type=EVENT_TYPE.value(args, environ),
+        error_class=ERROR_CLASS.value(args, environ),
+        everything=EVERYTHING.value(args, environ),
+    )
+    return RedriveSettings(database_url=_database_url(args, environ), selection=selection)
+
+
+def _health_report(args: argparse.Namespace, environ: Environ) -> HealthReportSettings:
+    return HealthReportSettings(
+        policy=load_policy(POLICY.required(args, environ)),
+        database_url=_database_url(args, environ),
+        receipt_retention_ms=RECEIPT_RETENTION.value(args, environ),
+        table=args.verb == STATUS,
+    )
+
+
+def _service(args: argparse.Namespace, environ: Environ) -> ServiceSettings:
+    listen = parse_listen(listen_address(args, environ))
+    policy = load_policy(POLICY.required(args, environ))
+    database_url = _database_url(args, environ)
+    retention = RECEIPT_RETENTION.value(args, environ)
+    sidecar_alone = args.verb == RUN and NO_RELAY.value(args, environ)
+    demo = None
+    if args.verb == DEMO:
+        demo = DemoOptions(
+            jobs=DEMO_JOBS.value(args, environ),
+            workers=DEMO_WORKERS.value(args, environ),
+            exit_when_done=EXIT_WHEN_DONE.value(args, environ),
+        )
+    return ServiceSettings(
+        database_url=database_url,
+        listen=listen,
+        policy=policy,
+        receipt_retention_ms=retention,
+        relay=None
+        if sidecar_alone
+        else relay_config(args, environ, database_url=database_url, receipt_retention_ms=retention),
+        demo=demo,
+    )
+
+
+_RESOLVERS: dict[str, Callable[[argparse.Namespace, Environ], Settings]] = {
+    MIGRATE: _migrate,
+    REDRIVE: _redrive,
+    CHECK: _health_report,
+    STATUS: _health_report,
+    RUN: _service,
+    DEMO: _service,
+}
+
+
+def relay_config(
+    args: argparse.Namespace,
+    environ: Environ = os.environ,
+    *,
+    database_url: str | None,
+    receipt_retention_ms: int,
+) -> RelayConfig:
+    """The relay's configuration around the already resolved URL and receipt retention."""
+    security = KafkaSecurity(
+        protocol=KAFKA_SECURITY_PROTOCOL.required(args, environ).upper(),
+        sasl_mechanism=KAFKA_SASL_MECHANISM.value(args, environ),
+        sasl_username=KAFKA_SASL_USERNAME.value(args, environ),
+        sasl_password=_sasl_password(args, environ),
+        ssl_cafile=KAFKA_SSL_CAFILE.value(args, environ),
+        ssl_certfile=KAFKA_SSL_CERTFILE.value(args, environ),
+        ssl_keyfile=KAFKA_SSL_KEYFILE.value(args, environ),
+    )
+    tuning = {option.dest: option.value(args, environ) for option in RELAY_TUNING}
+    return RelayConfig(
+        database_url=database_url,
+        kafka_bootstrap=KAFKA_BOOTSTRAP.required(args, environ),
+        kafka_security=security,
+        topic_template=TOPIC_TEMPLATE.required(args, environ),
+        ce_source=CE_SOURCE.required(args, environ),
+        instance_id=INSTANCE_ID.value(args, environ) or new_instance_id(),
+        notify=not NO_NOTIFY.value(args, environ),
+        compression=COMPRESSION.value(args, environ),
+        receipt_retention_ms=receipt_retention_ms,
+        **tuning,
+    )
+
+
+def _sasl_password(args: argparse.Namespace, environ: Environ) -> str | None:
+    """Read from the password file when one is named, else from KAFKA_SASL_PASSWORD."""
+    path = KAFKA_SASL_PASSWORD_FILE.value(args, environ)
+    if not path:
+        return KAFKA_SASL_PASSWORD_FILE.fallback(environ)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().strip()
+    except OSError as exc:
+        raise ConfigError("--kafka-sasl-password-file could not be read") from exc
