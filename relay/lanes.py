@@ -18,7 +18,7 @@ import asyncpg
 from pgconnect import pooled
 from relay import sql
 
-log = logging.getLogger("outbox_relay.lanes")
+log = logging.getLogger(__name__)
 
 
 def fair_share(lane_count: int, live_instances: int) -> int:

@@ -13,9 +13,11 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 
+from relay.outcome import Acknowledgement, Landed
 from relay.records import KafkaRecord, RecordRejected
 
 _PARTITION_CACHE_LIMIT = 200_000
@@ -36,6 +38,25 @@ class Submission:
 
     batches: list[SubmittedBatch] = field(default_factory=list)
     failures: dict[int, BaseException] = field(default_factory=dict)
+
+    async def acknowledgements(self, within_s: float) -> list[Acknowledgement]:
+        """Each batch's answer, in submission order; one not answered within ``within_s``
+        counts as timed out."""
+        if self.batches:
+            with anyio.move_on_after(within_s):
+                # aiokafka answers with asyncio futures, which only asyncio can wait for.
+                await asyncio.wait([sent.future for sent in self.batches])
+        return [Acknowledgement(sent.members, _answer(sent.future)) for sent in self.batches]
+
+
+def _answer(future: asyncio.Future[Any]) -> Landed | BaseException:
+    if not future.done() or future.cancelled():
+        return TimeoutError()
+    exc = future.exception()
+    if exc is not None:
+        return exc
+    meta = future.result()
+    return Landed(meta.topic, meta.partition, meta.offset)
 
 
 class BatchPublisher:

@@ -36,11 +36,11 @@ ORDER BY o.seq
 LIMIT $3
 """
 
-# Acknowledged rows leave the hot table and become receipts in one statement, but only
-# for lanes this instance still holds with the fence it fetched them under; a stale
-# owner's acknowledgement changes nothing and the new owner republishes (same id).
-RECORD_PUBLISHED = """
-WITH held AS (
+# The fenced lanes: those of $2 that this instance ($1) still holds under the fence it
+# fetched them with ($3, one per lane). Every write the relay makes for a lane goes
+# through it, so a stale owner's write changes nothing. Written once, used by the
+# acknowledgement and the failure statements alike.
+_HELD_LANES = """held AS (
     SELECT l.lane
     FROM relay_lane l
     JOIN unnest($2::smallint[], $3::bigint[]) AS f(lane, fence)
@@ -48,7 +48,13 @@ WITH held AS (
     WHERE l.owner_id = $1 AND l.lease_expires_at > clock_timestamp()
     -- KEY SHARE: blocks a claim's FOR UPDATE (it skips the lane) but not our renewals
     FOR KEY SHARE OF l
-), moved AS (
+)"""
+
+# Acknowledged rows leave the hot table and become receipts in one statement, but only
+# for lanes this instance still holds with the fence it fetched them under; a stale
+# owner's acknowledgement changes nothing and the new owner republishes (same id).
+RECORD_PUBLISHED = f"""
+WITH {_HELD_LANES}, moved AS (
     DELETE FROM outbox o
     WHERE o.seq = ANY($4::bigint[]) AND o.lane = ANY(ARRAY(SELECT lane FROM held))
     RETURNING o.seq, o.id, o.aggregatetype, o.aggregateid, o.type, o.created_at
@@ -74,15 +80,8 @@ SET topic = EXCLUDED.topic, kafka_partition = EXCLUDED.kafka_partition,
 
 # Failed rows: a retriable failure only schedules the next try; a permanent one also
 # spends an attempt and quarantines the row when the budget is used up.
-RECORD_FAILED = """
-WITH held AS (
-    SELECT l.lane
-    FROM relay_lane l
-    JOIN unnest($2::smallint[], $3::bigint[]) AS f(lane, fence)
-      ON f.lane = l.lane AND f.fence = l.fence
-    WHERE l.owner_id = $1 AND l.lease_expires_at > clock_timestamp()
-    FOR KEY SHARE OF l
-), failed AS (
+RECORD_FAILED = f"""
+WITH {_HELD_LANES}, failed AS (
     SELECT * FROM unnest($4::bigint[], $5::text[], $6::bool[], $7::int[])
         AS f(seq, error_class, retriable, delay_ms)
 )

@@ -16,7 +16,7 @@ async def test_an_open_outbox_writer_is_reported_with_pid_and_age_only(
     topic_namespace: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="outbox_relay.relay")
+    caplog.set_level(logging.WARNING, logger="relay.housekeeping")
     writer = await asyncpg.connect(database_url)
     try:
         pid = await writer.fetchval("SELECT pg_backend_pid()")

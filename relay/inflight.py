@@ -1,0 +1,82 @@
+"""The in-flight window: batches fetched and not yet recorded, and what they hold.
+
+A batch takes a slot before its rows are fetched and gives it back once its outcome is
+recorded, so at most ``capacity`` batches are in flight: that is the most a crash can
+publish twice. While a batch is in flight its rows' lanes stay with this instance, and
+the keys of its failed rows are held back until the failure is recorded (until then the
+database does not hold them back yet). Every change to that state goes through here.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+import anyio
+
+from relay.records import OutboxRow
+
+
+class InFlightWindow:
+    """Slots, seq → lane of rows in flight, held keys, and a wait for the window to empty."""
+
+    def __init__(self, capacity: int) -> None:
+        self._slots = anyio.Semaphore(capacity)
+        self._lanes: dict[int, int] = {}  # seq -> lane
+        self._held_keys: Counter[str] = Counter()
+        self._emptied = anyio.Event()
+
+    # -- slots ----------------------------------------------------------------------------
+    async def take_slot(self) -> None:
+        """Wait for room for one more batch."""
+        await self._slots.acquire()
+
+    def slot_free(self) -> bool:
+        """True when a batch could take a slot without waiting."""
+        return self._slots.value > 0
+
+    def give_back_slot(self) -> None:
+        """Return a slot whose batch never went in flight (nothing fetched or sent)."""
+        self._slots.release()
+
+    # -- rows ------------------------------------------------------------------------------
+    def admit(self, rows: Iterable[OutboxRow]) -> None:
+        """The rows of a sent batch are in flight until :meth:`release`."""
+        for row in rows:
+            self._lanes[row.seq] = row.lane
+
+    def hold(self, keys: Iterable[str]) -> None:
+        """Hold back these keys (once per failed row) until their failures are released."""
+        self._held_keys.update(keys)
+
+    def release(self, rows: Iterable[OutboxRow], held_keys: Iterable[str]) -> None:
+        """A batch's outcome is recorded: its slot, its rows and its held keys go."""
+        self._slots.release()
+        for row in rows:
+            self._lanes.pop(row.seq, None)
+        if not self._lanes:
+            self._emptied.set()
+        for key in held_keys:
+            self._held_keys[key] -= 1
+            if self._held_keys[key] <= 0:
+                del self._held_keys[key]
+
+    # -- what the pipeline asks ------------------------------------------------------------
+    def empty(self) -> bool:
+        """True when no row is in flight."""
+        return not self._lanes
+
+    def lanes(self) -> set[int]:
+        """The lanes with a row in flight: they must not be handed back yet."""
+        return set(self._lanes.values())
+
+    def is_held(self, key: str) -> bool:
+        """True while a failure of ``key`` is in flight and not yet recorded."""
+        return key in self._held_keys
+
+    async def wait_empty(self) -> None:
+        """Return once no row is in flight."""
+        while self._lanes:
+            if self._emptied.is_set():
+                self._emptied = anyio.Event()  # an anyio event is never cleared: replace it
+            await self._emptied.wait()

@@ -1,0 +1,129 @@
+"""The Kafka producer's life cycle: make it, start it with backoff, replace it after a
+sequence error, stop it. The pipeline sees only :class:`ProducerKeeper`."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+
+import anyio
+from aiokafka import AIOKafkaProducer
+
+from relay.config import RelayConfig
+from relay.publisher import BatchPublisher, Submission
+from relay.records import KafkaRecord
+from relay.retry import backoff_ms, classify_failure
+
+log = logging.getLogger(__name__)
+
+ProducerFactory = Callable[[RelayConfig], AIOKafkaProducer]
+
+# Consecutive batches that failed retriably with nothing published: past this many the
+# relay is not ready (Kafka is not answering).
+_UNREADY_AFTER_FAILED_BATCHES = 3
+
+
+def make_producer(config: RelayConfig) -> AIOKafkaProducer:
+    """The idempotent, acks=all producer every relay instance uses."""
+    security = config.kafka_security
+    return AIOKafkaProducer(
+        bootstrap_servers=config.kafka_bootstrap,
+        client_id=config.instance_id,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=config.linger_ms,
+        max_batch_size=256 * 1024,
+        request_timeout_ms=config.send_timeout_ms,
+        compression_type=config.compression,
+        security_protocol=security.protocol,
+        ssl_context=security.ssl_context(),
+        sasl_mechanism=security.sasl_mechanism or "PLAIN",
+        sasl_plain_username=security.sasl_username,
+        sasl_plain_password=security.sasl_password,
+    )
+
+
+class ProducerKeeper:
+    """Holds the current producer, and what the relay knows of the broker's health."""
+
+    def __init__(
+        self,
+        config: RelayConfig,
+        *,
+        factory: ProducerFactory = make_producer,
+        on_backoff: Callable[[int], None] = lambda _delay_ms: None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._config = config
+        self._factory = factory
+        self._on_backoff = on_backoff  # told each retry delay, so waiting loops stay live
+        self._rng = rng or random.Random()  # noqa: S311 - jitter only
+        self._producer: AIOKafkaProducer | None = None
+        self._publisher: BatchPublisher | None = None
+        # Set on a sequence error: the producer must be replaced once nothing is in flight.
+        self.broken = False
+        # Batches in a row that failed retriably and published nothing.
+        self.failure_streak = 0
+
+    @property
+    def connected(self) -> bool:
+        """True while a started producer is in place."""
+        return self._producer is not None
+
+    def answering(self) -> bool:
+        """True unless the last few batches all failed retriably."""
+        return self.failure_streak < _UNREADY_AFTER_FAILED_BATCHES
+
+    def note_outcome(self, *, published: bool, failed_retriably: bool) -> None:
+        """Count a batch toward (or end) the streak of batches the broker failed."""
+        if failed_retriably and not published:
+            self.failure_streak += 1
+        elif published:
+            self.failure_streak = 0
+
+    async def start(self, stop: anyio.Event) -> bool:
+        """Start a producer, retrying with backoff; False if ``stop`` came first."""
+        attempt = 0
+        while not stop.is_set():
+            producer = self._factory(self._config)
+            try:
+                await producer.start()
+            except Exception as exc:
+                await producer.stop()
+                failure = classify_failure(exc)
+                delay = backoff_ms(attempt, base_ms=500, cap_ms=10_000, rng=self._rng)
+                log.warning(
+                    "kafka not reachable, retrying",
+                    extra={"error_class": failure.name, "retry_in_ms": delay},
+                )
+                attempt += 1
+                self._on_backoff(delay)
+                with anyio.move_on_after(delay / 1000):
+                    await stop.wait()
+                continue
+            log.info("connected to kafka")
+            self._producer = producer
+            self._publisher = BatchPublisher(producer)
+            return True
+        return False
+
+    async def replace(self, stop: anyio.Event) -> None:
+        """Start a new producer (new producer id, fresh sequences); call with nothing in flight."""
+        log.warning("replacing the Kafka producer after a sequence error")
+        old, self._producer = self._producer, None
+        if old is not None:
+            with anyio.CancelScope(shield=True):
+                await old.stop()
+        await self.start(stop)
+        self.broken = False
+
+    async def submit(self, records: list[KafkaRecord | None]) -> Submission:
+        """Hand records to the current producer (None entries are skipped)."""
+        assert self._publisher is not None
+        return await self._publisher.submit(records)
+
+    async def stop(self) -> None:
+        """Stop the current producer, if any."""
+        if self._producer is not None:
+            await self._producer.stop()

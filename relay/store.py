@@ -1,0 +1,209 @@
+"""The relay's database calls: typed functions over relay/sql.py.
+
+This is the one place that knows each statement's positional parameters; the loops
+call these and never run SQL themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import asyncpg
+
+from pgconnect import create_pool, pooled
+from relay import sql
+from relay.outcome import FailedRow, PublishedGroup
+
+# The outbox swings from empty to a large burst faster than autovacuum re-analyzes it;
+# with stale statistics the planner chose a full scan plus sort for the fetch (seconds
+# per batch on a 200k backlog) or a nested loop over the whole table. Every relay
+# statement is written for its index, so the relay's own sessions simply rule out the
+# alternatives; JIT only adds latency to these short statements.
+RELAY_SESSION_SETTINGS = {
+    "application_name": "outbox-relay",
+    "enable_seqscan": "off",
+    "enable_bitmapscan": "off",
+    "enable_sort": "off",
+    "jit": "off",
+}
+
+
+async def create_relay_pool(url: str | None) -> asyncpg.Pool:
+    """The relay's pool: its sessions carry :data:`RELAY_SESSION_SETTINGS`."""
+    return await create_pool(url, min_size=2, max_size=4, server_settings=RELAY_SESSION_SETTINGS)
+
+
+class PublishedArrays(NamedTuple):
+    """RECORD_PUBLISHED's arrays: one seq per event, the rest once per partition batch.
+
+    Batch g covers the positions ``firsts[g]..lasts[g]`` (1-based) of ``seqs``; their
+    offsets run on from ``base_offsets[g]``.
+    """
+
+    seqs: list[int]
+    topics: list[str]
+    partitions: list[int]
+    base_offsets: list[int]
+    firsts: list[int]
+    lasts: list[int]
+
+
+def published_arrays(groups: Sequence[PublishedGroup]) -> PublishedArrays:
+    """Lay out acknowledged partition batches as RECORD_PUBLISHED takes them."""
+    seqs: list[int] = []
+    firsts: list[int] = []
+    lasts: list[int] = []
+    for group in groups:
+        firsts.append(len(seqs) + 1)
+        seqs.extend(row.seq for row in group.rows)
+        lasts.append(len(seqs))
+    return PublishedArrays(
+        seqs,
+        [group.topic for group in groups],
+        [group.partition for group in groups],
+        [group.base_offset for group in groups],
+        firsts,
+        lasts,
+    )
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What one outcome's bookkeeping changed."""
+
+    published: int  # rows that became receipts (fewer than acknowledged if a lane moved)
+    quarantined: int
+
+
+class PendingSummary(NamedTuple):
+    """The backlog: rows waiting, rows in quarantine, age of the oldest waiting row."""
+
+    pending: int
+    quarantined: int
+    oldest_age_s: float
+
+
+class OpenWriter(NamedTuple):
+    """The oldest open transaction that has written to the outbox: pid and age only."""
+
+    pid: int
+    age_s: float
+
+
+async def record_published(
+    conn: asyncpg.Connection,
+    instance_id: str,
+    fences: Mapping[int, int],
+    groups: Sequence[PublishedGroup],
+) -> int:
+    """Turn acknowledged rows of lanes still held under ``fences`` into receipts; return
+    how many (fewer than acknowledged when a lane changed owner meanwhile)."""
+    lanes, lane_fences = _lanes_and_fences(fences)
+    status = await conn.execute(
+        sql.RECORD_PUBLISHED, instance_id, lanes, lane_fences, *published_arrays(groups)
+    )
+    recorded = _status_count(status)
+    if recorded:
+        await conn.execute(sql.RECORD_PROGRESS, instance_id, recorded)
+    return recorded
+
+
+async def record_failed(
+    conn: asyncpg.Connection,
+    instance_id: str,
+    fences: Mapping[int, int],
+    failed: Sequence[FailedRow],
+    delays_ms: Sequence[int],
+    max_attempts: int,
+) -> int:
+    """Schedule failed rows of lanes still held under ``fences`` again after their delay
+    (one per row), or quarantine them; return how many were quarantined."""
+    lanes, lane_fences = _lanes_and_fences(fences)
+    rows = await conn.fetch(
+        sql.RECORD_FAILED,
+        instance_id,
+        lanes,
+        lane_fences,
+        [row.seq for row, _ in failed],
+        [failure.name for _, failure in failed],
+        [failure.retriable for _, failure in failed],
+        list(delays_ms),
+        max_attempts,
+    )
+    return sum(1 for r in rows if r[1])
+
+
+async def pending_summary(conn: asyncpg.Connection) -> PendingSummary:
+    """The backlog: rows waiting and in quarantine, and the oldest waiting row's age."""
+    pending, quarantined, oldest_age = await conn.fetchrow(sql.PENDING_SUMMARY)
+    return PendingSummary(pending, quarantined, float(oldest_age or 0.0))
+
+
+async def oldest_writer(conn: asyncpg.Connection) -> OpenWriter | None:
+    """The oldest open transaction that has written to the outbox, if any."""
+    writer = await conn.fetchrow(sql.OLDEST_OUTBOX_WRITER)
+    return OpenWriter(writer[0], float(writer[1])) if writer else None
+
+
+def _lanes_and_fences(fences: Mapping[int, int]) -> tuple[list[int], list[int]]:
+    lanes = sorted(fences)
+    return lanes, [fences[lane] for lane in lanes]
+
+
+def _status_count(status: str) -> int:
+    """The row count of a command status such as ``INSERT 0 12`` or ``DELETE 3``."""
+    return int(status.rsplit(" ", 1)[-1])
+
+
+class RelayStore:
+    """The relay's reads and writes over its pool, each in the transaction it needs."""
+
+    def __init__(self, pool: asyncpg.Pool, *, instance_id: str) -> None:
+        self._pool = pool
+        self._instance_id = instance_id
+
+    async def fetch_ready(self, lanes: Sequence[int], cursor: int, limit: int) -> list[Any]:
+        """Ready rows of ``lanes`` after ``cursor`` in seq order, at most ``limit``."""
+        # NULL asks for every lane, so the statement need not match each row against 64.
+        lane_filter = None if len(lanes) == sql.LANE_COUNT else list(lanes)
+        async with pooled(self._pool) as conn:
+            records: list[Any] = await conn.fetch(sql.FETCH_READY, lane_filter, cursor, limit)
+        return records
+
+    async def record_outcome(
+        self,
+        fences: Mapping[int, int],
+        published: Sequence[PublishedGroup],
+        failed: Sequence[FailedRow],
+        delays_ms: Sequence[int],
+        *,
+        max_attempts: int,
+    ) -> Recorded:
+        """Record one batch's outcome in one transaction; see :func:`record_published`
+        and :func:`record_failed`."""
+        recorded = quarantined = 0
+        async with pooled(self._pool) as conn, conn.transaction():
+            # Losing this commit in a server crash loses only the "published" mark, never
+            # an event: the rows come back and are published again (same id). So the
+            # bookkeeping need not wait for its WAL flush.
+            await conn.execute(sql.ASYNC_COMMIT)
+            if published:
+                recorded = await record_published(conn, self._instance_id, fences, published)
+            if failed:
+                quarantined = await record_failed(
+                    conn, self._instance_id, fences, failed, delays_ms, max_attempts
+                )
+        return Recorded(recorded, quarantined)
+
+    async def prune_receipts(self, retention_ms: int, batch_size: int) -> int:
+        """Delete up to ``batch_size`` receipts older than the retention; return how many."""
+        async with pooled(self._pool) as conn:
+            status = await conn.execute(sql.PRUNE_RECEIPTS, retention_ms, batch_size)
+        return _status_count(status)
+
+    async def backlog(self) -> tuple[PendingSummary, OpenWriter | None]:
+        """The pending summary and the oldest open outbox writer, read on one connection."""
+        async with pooled(self._pool) as conn:
+            return await pending_summary(conn), await oldest_writer(conn)

@@ -1,0 +1,98 @@
+"""The in-flight window: slots, rows in flight, held keys, waiting for it to empty. No services."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from relay.inflight import InFlightWindow
+from relay.records import OutboxRow
+from tests.unit.test_records import make_row
+
+
+def row(seq: int, lane: int = 0, key: str = "k") -> OutboxRow:
+    return make_row(seq=seq, lane=lane, aggregateid=key)
+
+
+async def test_a_new_window_is_empty_with_every_slot_free() -> None:
+    window = InFlightWindow(2)
+    assert window.empty()
+    assert window.lanes() == set()
+    assert window.slot_free()
+    await window.wait_empty()  # returns at once
+
+
+async def test_slots_run_out_at_capacity_and_come_back_on_release_or_give_back() -> None:
+    window = InFlightWindow(2)
+    await window.take_slot()
+    assert window.slot_free()
+    await window.take_slot()
+    assert not window.slot_free()
+    window.give_back_slot()  # a batch that fetched nothing
+    assert window.slot_free()
+    await window.take_slot()
+    window.admit([row(1)])
+    window.release([row(1)], held_keys=[])
+    assert window.slot_free()
+
+
+async def test_admitted_rows_keep_their_lanes_until_their_batch_is_released() -> None:
+    window = InFlightWindow(2)
+    first, second = [row(1, lane=3), row(2, lane=5)], [row(3, lane=5)]
+    for batch in (first, second):
+        await window.take_slot()
+        window.admit(batch)
+    assert window.lanes() == {3, 5}
+    window.release(first, held_keys=[])
+    assert not window.empty()
+    assert window.lanes() == {5}
+    window.release(second, held_keys=[])
+    assert window.empty()
+
+
+async def test_a_key_stays_held_until_each_of_its_failures_is_released() -> None:
+    window = InFlightWindow(2)
+    window.hold(["a", "a", "b"])
+    assert window.is_held("a") and window.is_held("b")
+    assert not window.is_held("c")
+    await window.take_slot()
+    window.release([], held_keys=["a", "b"])
+    assert window.is_held("a")
+    assert not window.is_held("b")
+    await window.take_slot()
+    window.release([], held_keys=["a"])
+    assert not window.is_held("a")
+
+
+async def test_wait_empty_returns_when_the_last_batch_is_released() -> None:
+    window = InFlightWindow(2)
+    first, second = [row(1)], [row(2)]
+    for batch in (first, second):
+        await window.take_slot()
+        window.admit(batch)
+    returned = anyio.Event()
+
+    async def waiter() -> None:
+        await window.wait_empty()
+        returned.set()
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as group:
+            group.start_soon(waiter)
+            await anyio.wait_all_tasks_blocked()
+            window.release(first, held_keys=[])
+            await anyio.wait_all_tasks_blocked()
+            assert not returned.is_set()  # one batch still in flight
+            window.release(second, held_keys=[])
+    assert returned.is_set()
+
+
+async def test_wait_empty_waits_again_after_the_window_refilled() -> None:
+    window = InFlightWindow(1)
+    await window.take_slot()
+    window.admit([row(1)])
+    window.release([row(1)], held_keys=[])  # emptied once
+    await window.take_slot()
+    window.admit([row(2)])
+    with pytest.raises(TimeoutError), anyio.fail_after(0.05):
+        await window.wait_empty()

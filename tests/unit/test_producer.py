@@ -1,0 +1,79 @@
+"""The producer keeper: broker health from batch outcomes, start and replacement. No broker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from relay.config import RelayConfig
+from relay.producer import ProducerKeeper
+
+CONFIG = RelayConfig(database_url=None, kafka_bootstrap="k:9092")
+
+
+class FakeProducer:
+    """Stands in for AIOKafkaProducer: records start and stop."""
+
+    def __init__(self) -> None:
+        self.started = self.stopped = False
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+def keeper_with(made: list[FakeProducer]) -> ProducerKeeper:
+    def factory(_: RelayConfig) -> Any:
+        made.append(FakeProducer())
+        return made[-1]
+
+    return ProducerKeeper(CONFIG, factory=factory)
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "streak"),
+    [
+        ([], 0),
+        ([(False, True)], 1),
+        ([(False, True), (False, True), (False, True)], 3),
+        ([(False, True), (False, True), (True, True)], 0),  # anything published ends it
+        ([(False, True), (False, False)], 1),  # a permanent failure neither counts nor ends it
+        ([(False, True), (True, False), (False, True)], 1),
+    ],
+)
+def test_the_failure_streak_counts_batches_that_failed_retriably_and_published_nothing(
+    outcomes: list[tuple[bool, bool]], streak: int
+) -> None:
+    keeper = ProducerKeeper(CONFIG)
+    for published, failed_retriably in outcomes:
+        keeper.note_outcome(published=published, failed_retriably=failed_retriably)
+    assert keeper.failure_streak == streak
+    assert keeper.answering() is (streak < 3)
+
+
+async def test_start_gives_up_at_once_when_already_stopping() -> None:
+    made: list[FakeProducer] = []
+    keeper = keeper_with(made)
+    stop = anyio.Event()
+    stop.set()
+    assert not await keeper.start(stop)
+    assert made == []
+    assert not keeper.connected
+
+
+async def test_replace_stops_the_old_producer_and_starts_a_fresh_one() -> None:
+    made: list[FakeProducer] = []
+    keeper = keeper_with(made)
+    stop = anyio.Event()
+    assert await keeper.start(stop)
+    keeper.broken = True
+    await keeper.replace(stop)
+    assert [(p.started, p.stopped) for p in made] == [(True, True), (True, False)]
+    assert keeper.connected
+    assert not keeper.broken
+    await keeper.stop()
+    assert made[1].stopped
