@@ -48,7 +48,7 @@ async def _create_topic(bootstrap: str, topic: str) -> None:
 
 
 def _raw_producer(bootstrap: str) -> AIOKafkaProducer:
-    """The baseline: the relay's producer settings (relay.engine.make_producer), no relay."""
+    """The baseline: the relay's producer settings (relay.producer.make_producer), no relay."""
     return AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         acks="all",
