@@ -17,6 +17,13 @@ import asyncpg
 
 from contracts.envelope import JsonValue
 from scoring.errors import ConflictingReplay, InvalidArgument, NotCancellable
+from scoring.sql import (
+    CANCEL_JOB_SQL,
+    CLAIM_NEXT_DUE_SQL,
+    ENQUEUE_JOB_SQL,
+    EXPIRE_LEASES_SQL,
+    RETRY_JOB_SQL,
+)
 from scoring.transitions import Decision, decide_retryable_failure, expiry_applies
 from scoring.writer import (
     EventDetails,
@@ -35,114 +42,6 @@ LEASE_EXPIRED: Final = "lease_expired"
 # Millisecond durations stay within a signed 32-bit range (about 24.8 days): far beyond
 # any sane lease or backoff, and no risk of overflowing a bigint expiry.
 MAX_DURATION_MS: Final = 2**31 - 1
-
-ENQUEUE_JOB_SQL: Final = """
-INSERT INTO scoring_job_state (scoring_job_ref, scoring_request_ref, scoring_state, max_attempts)
-VALUES ($1, $2, 'queued', $3)
-ON CONFLICT (scoring_job_ref) DO NOTHING
-RETURNING true
-"""
-
-# The clock is read once (a materialised CTE) so the due test and the expiry agree.
-# SKIP LOCKED lets concurrent workers pass over each other's candidates; the state
-# filter matches the claimable partial index.
-CLAIM_NEXT_DUE_SQL: Final = """
-WITH clock AS MATERIALIZED (
-    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_unix_ms
-),
-next_job AS (
-    SELECT j.scoring_job_ref
-    FROM scoring_job_state j
-    WHERE j.scoring_state IN ('queued', 'retry_scheduled')
-      AND (j.scoring_state = 'queued'
-           OR j.next_attempt_at_unix_ms <= (SELECT now_unix_ms FROM clock))
-    ORDER BY j.created_at, j.scoring_job_ref
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE scoring_job_state j
-SET scoring_state = 'leased',
-    attempt_count = j.attempt_count + 1,
-    active_worker_ref = $1,
-    active_lease_ref = $2,
-    active_fencing_token = j.attempt_count + 1,
-    active_lease_expires_at_unix_ms = clock.now_unix_ms + $3::bigint,
-    next_attempt_at_unix_ms = NULL,
-    updated_at = clock_timestamp()
-FROM next_job, clock
-WHERE j.scoring_job_ref = next_job.scoring_job_ref
-RETURNING j.scoring_job_ref, j.scoring_request_ref, j.attempt_count, j.max_attempts,
-          j.active_lease_expires_at_unix_ms
-"""
-
-RETRY_JOB_SQL: Final = """
-UPDATE scoring_job_state
-SET scoring_state = 'retry_scheduled',
-    last_failure_code = $3,
-    next_attempt_at_unix_ms
-        = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + $4::bigint,
-    active_worker_ref = NULL,
-    active_lease_ref = NULL,
-    active_fencing_token = NULL,
-    active_lease_expires_at_unix_ms = NULL,
-    updated_at = clock_timestamp()
-WHERE scoring_job_ref = $1
-  AND scoring_state = 'leased'
-  AND active_fencing_token = $2
-  AND attempt_count < max_attempts
-  AND active_lease_expires_at_unix_ms
-      >= floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
-RETURNING next_attempt_at_unix_ms
-"""
-
-# Expired leases with budget left go back to retry_scheduled, due now, in this one
-# statement; the rest are returned so each is quarantined with its event.
-EXPIRE_LEASES_SQL: Final = """
-WITH clock AS MATERIALIZED (
-    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_unix_ms
-),
-expired AS (
-    SELECT j.scoring_job_ref, j.attempt_count, j.max_attempts, j.active_fencing_token
-    FROM scoring_job_state j
-    WHERE j.scoring_state = 'leased'
-      AND j.active_lease_expires_at_unix_ms < (SELECT now_unix_ms FROM clock)
-    ORDER BY j.active_lease_expires_at_unix_ms, j.scoring_job_ref
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
-),
-rescheduled AS (
-    UPDATE scoring_job_state j
-    SET scoring_state = 'retry_scheduled',
-        last_failure_code = $2,
-        next_attempt_at_unix_ms = clock.now_unix_ms,
-        active_worker_ref = NULL,
-        active_lease_ref = NULL,
-        active_fencing_token = NULL,
-        active_lease_expires_at_unix_ms = NULL,
-        updated_at = clock_timestamp()
-    FROM expired, clock
-    WHERE j.scoring_job_ref = expired.scoring_job_ref
-      AND expired.attempt_count < expired.max_attempts
-    RETURNING j.scoring_job_ref
-)
-SELECT e.scoring_job_ref, e.active_fencing_token,
-       e.scoring_job_ref IN (SELECT r.scoring_job_ref FROM rescheduled r) AS rescheduled
-FROM expired e
-ORDER BY e.scoring_job_ref
-"""
-
-CANCEL_JOB_SQL: Final = """
-UPDATE scoring_job_state
-SET scoring_state = 'cancelled',
-    active_worker_ref = NULL,
-    active_lease_ref = NULL,
-    active_fencing_token = NULL,
-    active_lease_expires_at_unix_ms = NULL,
-    next_attempt_at_unix_ms = NULL,
-    updated_at = clock_timestamp()
-WHERE scoring_job_ref = $1
-  AND scoring_state IN ('queued', 'leased', 'retry_scheduled')
-"""
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,15 @@ from scoring.errors import (
     UnknownJob,
 )
 from scoring.event_id import OutcomeKind, terminal_event_id
+from scoring.sql import (
+    ABORT_CALLER_TRANSACTION_SQL,
+    COMPLETE_JOB_SQL,
+    DATABASE_CLOCK_SQL,
+    FIND_EVENT_SQL,
+    INSERT_EVENT_SQL,
+    LOCK_JOB_SQL,
+    QUARANTINE_JOB_SQL,
+)
 from scoring.transitions import (
     Decision,
     JobRow,
@@ -48,98 +57,6 @@ AGGREGATE_TYPE: Final = "scoring_job"
 COMPLETED_EVENT_TYPE: Final = "scoring.result.completed"
 FAILED_EVENT_TYPE: Final = "scoring.job.failed"
 CAUSE_CODE_MAX_BYTES: Final = 128
-
-# -- SQL ---------------------------------------------------------------------------------
-# The database clock in unix ms is always clock_timestamp(), never now(): a caller's
-# transaction may have started long before the outcome arrived.
-
-LOCK_JOB_SQL: Final = """
-SELECT scoring_state, attempt_count, max_attempts, active_fencing_token,
-       active_lease_expires_at_unix_ms, next_attempt_at_unix_ms, result_ref,
-       completed_fencing_token, last_failure_code,
-       floor(extract(epoch FROM updated_at) * 1000)::bigint AS updated_at_unix_ms,
-       floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_unix_ms
-FROM scoring_job_state
-WHERE scoring_job_ref = $1
-FOR UPDATE
-"""
-
-DATABASE_CLOCK_SQL: Final = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
-
-# The WHERE clause repeats the fence and re-reads the clock: the row is locked, so only
-# the clock can have moved since the decision, and an expired lease must not complete.
-COMPLETE_JOB_SQL: Final = """
-UPDATE scoring_job_state
-SET scoring_state = 'completed',
-    result_ref = $3,
-    completed_fencing_token = $2,
-    active_worker_ref = NULL,
-    active_lease_ref = NULL,
-    active_fencing_token = NULL,
-    active_lease_expires_at_unix_ms = NULL,
-    next_attempt_at_unix_ms = NULL,
-    updated_at = clock_timestamp()
-WHERE scoring_job_ref = $1
-  AND scoring_state = 'leased'
-  AND active_fencing_token = $2
-  AND active_lease_expires_at_unix_ms
-      >= floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
-RETURNING floor(extract(epoch FROM updated_at) * 1000)::bigint
-"""
-
-# $4: true when the lease must have expired (the sweeper), false when it must be live.
-QUARANTINE_JOB_SQL: Final = """
-UPDATE scoring_job_state
-SET scoring_state = 'quarantined',
-    last_failure_code = $3,
-    active_worker_ref = NULL,
-    active_lease_ref = NULL,
-    active_fencing_token = NULL,
-    active_lease_expires_at_unix_ms = NULL,
-    next_attempt_at_unix_ms = NULL,
-    updated_at = clock_timestamp()
-WHERE scoring_job_ref = $1
-  AND scoring_state = 'leased'
-  AND active_fencing_token = $2
-  AND (active_lease_expires_at_unix_ms
-       < floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) = $4::boolean
-RETURNING floor(extract(epoch FROM updated_at) * 1000)::bigint
-"""
-
-# An event is present when it is pending in outbox or already published (outbox_receipt,
-# same id). A receipt keeps no payload, so only its identity columns can be compared.
-FIND_EVENT_SQL: Final = """
-SELECT false AS published, aggregatetype, aggregateid, type, tenant_ref, schema_version,
-       payload #>> '{envelope,payload_digest}' AS payload_digest
-FROM outbox
-WHERE id = $1
-UNION ALL
-SELECT true, aggregatetype, aggregateid, type, NULL, NULL, NULL
-FROM outbox_receipt
-WHERE id = $1
-"""
-
-INSERT_EVENT_SQL: Final = """
-INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, tenant_ref,
-                    schema_version, correlation_ref, causation_ref, traceparent)
-VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10)
-ON CONFLICT (id) DO NOTHING
-RETURNING id
-"""
-
-# Puts a caller-owned transaction into the aborted state, so that after a conflicting
-# replay its COMMIT can only roll back: the transition already written in it must never
-# commit without its event. Our own transactions simply roll back instead.
-ABORT_CALLER_TRANSACTION_SQL: Final = """
-DO $$
-BEGIN
-    RAISE EXCEPTION USING
-        ERRCODE = 'P0001',
-        MESSAGE = 'outbox-relay scoring writer: conflicting outbox replay; '
-                  'this transaction must roll back';
-END
-$$
-"""
 
 _TRACEPARENT_HEX: Final = frozenset("0123456789abcdef")
 

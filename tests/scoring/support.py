@@ -13,12 +13,12 @@ import pytest
 from contracts.envelope import JobCompleted, JobFailed, JsonValue
 from scoring.errors import ConflictingCompletion, ConflictingFailure
 from scoring.event_id import OutcomeKind, terminal_event_id
+from scoring.sql import INSERT_EVENT_SQL
 from scoring.worker import ClaimedJob, claim_next_due, enqueue_job
 from scoring.writer import (
     AGGREGATE_TYPE,
     COMPLETED_EVENT_TYPE,
     FAILED_EVENT_TYPE,
-    INSERT_EVENT_SQL,
     Completion,
     CompletionOutcome,
     EventDetails,
