@@ -2,21 +2,30 @@
 job, retryable failure, lease expiry and cancellation.
 
 Every path that ends a job permanently (a retryable failure with its budget spent, an
-expired lease with its budget spent) goes through the writer's permanent-failure path,
-so the quarantine and its event commit together.
+expired lease with its budget spent) goes through the writer's permanent-failure path
+(:func:`scoring.store.record_permanent_failure`), so the quarantine and its event commit
+together.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Final
 
 import asyncpg
 
 from contracts.envelope import JsonValue
-from scoring.errors import ConflictingReplay, InvalidArgument, NotCancellable
+from scoring.errors import ConflictingReplay, NotCancellable
+from scoring.events import (
+    EventDetails,
+    prepare_failure_event,
+    validate_cause_code,
+    validate_duration_ms,
+    validate_fencing_token,
+    validate_ref,
+)
+from scoring.outcomes import ClaimedJob, FailureOutcome, LeaseExpiry, RetryScheduled
 from scoring.sql import (
     CANCEL_JOB_SQL,
     CLAIM_NEXT_DUE_SQL,
@@ -24,68 +33,30 @@ from scoring.sql import (
     EXPIRE_LEASES_SQL,
     RETRY_JOB_SQL,
 )
-from scoring.transitions import Decision, decide_retryable_failure, expiry_applies
-from scoring.writer import (
-    EventDetails,
-    FailureOutcome,
+from scoring.store import (
     lease_expired_meanwhile,
     lock_job,
     outcome_transaction,
-    prepare_failure_event,
     record_permanent_failure,
-    validate_cause_code,
-    validate_fencing_token,
-    validate_ref,
 )
+from scoring.transitions import Decision, decide_retryable_failure, expiry_applies
+
+# The names docs/writer.md documents under scoring.worker; the result types live in
+# scoring.outcomes.
+__all__ = [
+    "LEASE_EXPIRED",
+    "ClaimedJob",
+    "LeaseExpiry",
+    "RetryScheduled",
+    "cancel_job",
+    "claim_next_due",
+    "enqueue_job",
+    "expire_leases",
+    "exponential_backoff_ms",
+    "fail_retryable",
+]
 
 LEASE_EXPIRED: Final = "lease_expired"
-# Millisecond durations stay within a signed 32-bit range (about 24.8 days): far beyond
-# any sane lease or backoff, and no risk of overflowing a bigint expiry.
-MAX_DURATION_MS: Final = 2**31 - 1
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimedJob:
-    """A lease on one job: finish it with ``fencing_token`` before ``lease_expires_at_unix_ms``."""
-
-    job_ref: str
-    request_ref: str
-    worker_ref: str
-    lease_ref: str
-    fencing_token: int
-    max_attempts: int
-    lease_expires_at_unix_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class RetryScheduled:
-    """A retryable failure was recorded; the job is due again at ``next_attempt_at_unix_ms``."""
-
-    job_ref: str
-    next_attempt_at_unix_ms: int
-    duplicate: bool  # True: this same failure had already been recorded
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseExpiry:
-    """What one ``expire_leases`` pass did."""
-
-    rescheduled: tuple[str, ...]  # back to retry_scheduled, due now
-    quarantined: tuple[FailureOutcome, ...]  # budget spent: quarantined with their event
-    conflicts: tuple[str, ...]  # quarantine refused by ConflictingReplay; left leased
-
-
-def _duration_ms(field: str, value: object, *, minimum: int) -> int:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or not minimum <= value <= MAX_DURATION_MS
-    ):
-        raise InvalidArgument(
-            f"{field}: must be an integer in {minimum}..{MAX_DURATION_MS}, not {value!r}",
-            field=field,
-        )
-    return value
 
 
 def exponential_backoff_ms(attempt_count: int, *, base_ms: int, cap_ms: int) -> int:
@@ -104,7 +75,7 @@ async def enqueue_job(
     """Queue a new job; False when a job with this ref already exists (left unchanged)."""
     validate_ref("job_ref", job_ref)
     validate_ref("request_ref", request_ref, job_ref=job_ref)
-    _duration_ms("max_attempts", max_attempts, minimum=1)
+    validate_duration_ms("max_attempts", max_attempts, minimum=1)
     created = await conn.fetchval(ENQUEUE_JOB_SQL, job_ref, request_ref, max_attempts)
     return created is not None
 
@@ -114,7 +85,7 @@ async def claim_next_due(
 ) -> ClaimedJob | None:
     """Lease the oldest due job (by created_at, then ref) for ``lease_ms`` by the database clock; None when nothing is due."""
     validate_ref("worker_ref", worker_ref)
-    _duration_ms("lease_ms", lease_ms, minimum=1)
+    validate_duration_ms("lease_ms", lease_ms, minimum=1)
     # Lease refs must not look numeric (the table's CHECK), hence the prefix.
     lease_ref = f"lease-{uuid.uuid4().hex}"
     record = await conn.fetchrow(CLAIM_NEXT_DUE_SQL, worker_ref, lease_ref, lease_ms)
@@ -145,7 +116,7 @@ async def fail_retryable(
     validate_ref("job_ref", job_ref)
     validate_fencing_token(fencing_token, job_ref=job_ref)
     validate_cause_code(cause_code, job_ref=job_ref)
-    _duration_ms("retry_delay_ms", retry_delay_ms, minimum=0)
+    validate_duration_ms("retry_delay_ms", retry_delay_ms, minimum=0)
     # Validated now, before any write, although it is only used when the budget is spent.
     prepared = prepare_failure_event(
         job_ref=job_ref, cause_code=cause_code, detail=detail, event=event
@@ -210,7 +181,7 @@ async def expire_leases(
     ``event`` gives the failure event's details, or a function of the job ref returning them
     (the job table has no tenant column, so a multi-tenant caller must look it up).
     """
-    _duration_ms("limit", limit, minimum=1)
+    validate_duration_ms("limit", limit, minimum=1)
     caller_owned = conn.is_in_transaction()
     records = await conn.fetch(EXPIRE_LEASES_SQL, limit, LEASE_EXPIRED)
     rescheduled = tuple(r["scoring_job_ref"] for r in records if r["rescheduled"])
