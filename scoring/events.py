@@ -112,6 +112,7 @@ class PreparedEvent:
 
     event_id: uuid.UUID
     job_ref: str
+    outcome_ref: str  # the result_ref or cause_code the id derives from
     envelope: Envelope  # occurred_at_unix_ms is a placeholder until stamped
     data: dict[str, JsonValue]
     traceparent: str | None
@@ -161,7 +162,7 @@ def prepare_event(
         )
     except EnvelopeError as exc:
         raise InvalidEnvelope(str(exc), field=exc.field, job_ref=job_ref) from None
-    return PreparedEvent(event_id, job_ref, envelope, data, details.traceparent)
+    return PreparedEvent(event_id, job_ref, outcome_ref, envelope, data, details.traceparent)
 
 
 def prepare_completion_event(

@@ -1,11 +1,12 @@
-"""The plumbing behind the public calls: the transaction, the locked job row, the
-idempotent event insert, and the quarantine of a locked job with its failure event."""
+"""The plumbing behind the public calls: the transaction, the locked job row, the fenced
+transition, the idempotent event insert, and the one path that quarantines a job with its
+failure event."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 
@@ -21,6 +22,8 @@ from scoring.sql import (
     QUARANTINE_JOB_SQL,
 )
 from scoring.transitions import Decision, JobRow
+
+Settled = TypeVar("Settled")
 
 
 @asynccontextmanager
@@ -67,6 +70,16 @@ async def lease_expired_meanwhile(
         expired_at_unix_ms=expiry,
         now_unix_ms=now,
     )
+
+
+async def fenced_transition(
+    conn: asyncpg.Connection, row: JobRow, sql: str, job_ref: str, *args: object
+) -> int:
+    """Run a fenced UPDATE of the locked job (``$1`` is ``job_ref``) and return the unix ms it returns; no match is :class:`LeaseExpired`."""
+    returned = await conn.fetchval(sql, job_ref, *args)
+    if returned is None:
+        raise await lease_expired_meanwhile(conn, job_ref, row)
+    return int(returned)
 
 
 def _same_event(record: Any, event: PreparedEvent) -> bool:
@@ -130,27 +143,39 @@ async def enqueue_event(
     raise error
 
 
-async def record_permanent_failure(
+async def fail_under_lock(
     conn: asyncpg.Connection,
     prepared: PreparedEvent,
-    row: JobRow,
-    decision: Decision,
+    decide: Callable[[JobRow], Awaitable[Decision | Settled]],
     *,
     fencing_token: int,
-    cause_code: str,
     lease_must_be_expired: bool,
-    caller_owned: bool,
-) -> FailureOutcome:
-    """Quarantine the locked job (or confirm a duplicate) and enqueue its failure event."""
+) -> FailureOutcome | Settled:
+    """Every permanent failure: lock the job, ``decide``, then quarantine it with its event (APPLY) or confirm the replay (DUPLICATE).
+
+    Whatever else ``decide`` returns, having settled the job itself (a retry) or found
+    nothing to do, is returned as it is, inside the same transaction.
+    """
     job_ref = prepared.job_ref
-    if decision is Decision.APPLY:
-        occurred = await conn.fetchval(
-            QUARANTINE_JOB_SQL, job_ref, fencing_token, cause_code, lease_must_be_expired
-        )
-        if occurred is None:
-            raise await lease_expired_meanwhile(conn, job_ref, row)
-        failure = Failure.QUARANTINED
-    else:
-        occurred, failure = row.updated_at_unix_ms, Failure.DUPLICATE
-    enqueue = await enqueue_event(conn, prepared, int(occurred), caller_owned=caller_owned)
-    return FailureOutcome(job_ref, failure, enqueue, prepared.event_id, int(occurred))
+    async with outcome_transaction(conn) as caller_owned:
+        row = await lock_job(conn, job_ref)
+        decision = await decide(row)
+        if not isinstance(decision, Decision):
+            return decision
+        if decision is Decision.APPLY:
+            # The sweeper quarantines only a lease that has expired, a worker only a live one.
+            occurred = await fenced_transition(
+                conn,
+                row,
+                QUARANTINE_JOB_SQL,
+                job_ref,
+                fencing_token,
+                prepared.outcome_ref,  # the cause code
+                lease_must_be_expired,
+            )
+            failure = Failure.QUARANTINED
+        else:
+            assert decision is Decision.DUPLICATE, decision  # decide settles the retries
+            occurred, failure = row.updated_at_unix_ms, Failure.DUPLICATE
+        enqueue = await enqueue_event(conn, prepared, occurred, caller_owned=caller_owned)
+    return FailureOutcome(job_ref, failure, enqueue, prepared.event_id, occurred)

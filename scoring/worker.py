@@ -2,8 +2,8 @@
 job, retryable failure, lease expiry and cancellation.
 
 Every path that ends a job permanently (a retryable failure with its budget spent, an
-expired lease with its budget spent) goes through the writer's permanent-failure path
-(:func:`scoring.store.record_permanent_failure`), so the quarantine and its event commit
+expired lease with its budget spent) goes through the same permanent-failure path as the
+writer (:func:`scoring.store.fail_under_lock`), so the quarantine and its event commit
 together.
 """
 
@@ -33,13 +33,8 @@ from scoring.sql import (
     EXPIRE_LEASES_SQL,
     RETRY_JOB_SQL,
 )
-from scoring.store import (
-    lease_expired_meanwhile,
-    lock_job,
-    outcome_transaction,
-    record_permanent_failure,
-)
-from scoring.transitions import Decision, decide_retryable_failure, expiry_applies
+from scoring.store import fail_under_lock, fenced_transition, lock_job, outcome_transaction
+from scoring.transitions import Decision, JobRow, decide_retryable_failure, expiry_applies
 
 # The names docs/writer.md documents under scoring.worker; the result types live in
 # scoring.outcomes.
@@ -121,53 +116,22 @@ async def fail_retryable(
     prepared = prepare_failure_event(
         job_ref=job_ref, cause_code=cause_code, detail=detail, event=event
     )
-    async with outcome_transaction(conn) as caller_owned:
-        row = await lock_job(conn, job_ref)
+
+    async def decide(row: JobRow) -> Decision | RetryScheduled:
         decision = decide_retryable_failure(job_ref, row, fencing_token, cause_code)
         if decision is Decision.DUPLICATE_RETRY:
             assert row.next_attempt_at_unix_ms is not None  # retry_scheduled has one (CHECK)
             return RetryScheduled(job_ref, row.next_attempt_at_unix_ms, duplicate=True)
         if decision is Decision.RETRY:
-            next_at = await conn.fetchval(
-                RETRY_JOB_SQL, job_ref, fencing_token, cause_code, retry_delay_ms
+            next_at = await fenced_transition(
+                conn, row, RETRY_JOB_SQL, job_ref, fencing_token, cause_code, retry_delay_ms
             )
-            if next_at is None:
-                raise await lease_expired_meanwhile(conn, job_ref, row)
-            return RetryScheduled(job_ref, int(next_at), duplicate=False)
-        return await record_permanent_failure(
-            conn,
-            prepared,
-            row,
-            decision,
-            fencing_token=fencing_token,
-            cause_code=cause_code,
-            lease_must_be_expired=False,
-            caller_owned=caller_owned,
-        )
+            return RetryScheduled(job_ref, next_at, duplicate=False)
+        return decision  # the budget is spent: a permanent failure
 
-
-async def _quarantine_expired(
-    conn: asyncpg.Connection, job_ref: str, fencing_token: int, details: EventDetails
-) -> FailureOutcome | None:
-    prepared = prepare_failure_event(
-        job_ref=job_ref, cause_code=LEASE_EXPIRED, detail=None, event=details
+    return await fail_under_lock(
+        conn, prepared, decide, fencing_token=fencing_token, lease_must_be_expired=False
     )
-    async with outcome_transaction(conn) as caller_owned:
-        row = await lock_job(conn, job_ref)
-        # Re-checked under the lock: between the sweep and this transaction the worker
-        # may have finished the job, or another sweeper may have got there first.
-        if not expiry_applies(row, fencing_token):
-            return None
-        return await record_permanent_failure(
-            conn,
-            prepared,
-            row,
-            Decision.APPLY,
-            fencing_token=fencing_token,
-            cause_code=LEASE_EXPIRED,
-            lease_must_be_expired=True,
-            caller_owned=caller_owned,
-        )
 
 
 async def expire_leases(
@@ -190,11 +154,27 @@ async def expire_leases(
     for record in records:
         if record["rescheduled"]:
             continue
-        job_ref = record["scoring_job_ref"]
-        details = event(job_ref) if callable(event) else event
+        job_ref, fencing_token = record["scoring_job_ref"], record["active_fencing_token"]
+        prepared = prepare_failure_event(
+            job_ref=job_ref,
+            cause_code=LEASE_EXPIRED,
+            detail=None,
+            event=event(job_ref) if callable(event) else event,
+        )
+
+        # fencing_token is bound as a default: this record's, not whatever the loop holds later.
+        async def still_expired(row: JobRow, fencing_token: int = fencing_token) -> Decision | None:
+            # Re-checked under the lock: between the sweep and this transaction the worker
+            # may have finished the job, or another sweeper may have got there first.
+            return Decision.APPLY if expiry_applies(row, fencing_token) else None
+
         try:
-            outcome = await _quarantine_expired(
-                conn, job_ref, record["active_fencing_token"], details
+            outcome = await fail_under_lock(
+                conn,
+                prepared,
+                still_expired,
+                fencing_token=fencing_token,
+                lease_must_be_expired=True,
             )
         except ConflictingReplay:
             if caller_owned:

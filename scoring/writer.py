@@ -24,12 +24,12 @@ from scoring.outcomes import Completion, CompletionOutcome, Enqueue, Failure, Fa
 from scoring.sql import COMPLETE_JOB_SQL
 from scoring.store import (
     enqueue_event,
-    lease_expired_meanwhile,
+    fail_under_lock,
+    fenced_transition,
     lock_job,
     outcome_transaction,
-    record_permanent_failure,
 )
-from scoring.transitions import Decision, decide_completion, decide_permanent_failure
+from scoring.transitions import Decision, JobRow, decide_completion, decide_permanent_failure
 
 # The names docs/writer.md documents under scoring.writer; they live in scoring.events
 # and scoring.outcomes.
@@ -64,14 +64,14 @@ async def complete_job(
     async with outcome_transaction(conn) as caller_owned:
         row = await lock_job(conn, job_ref)
         if decide_completion(job_ref, row, fencing_token, result_ref) is Decision.APPLY:
-            occurred = await conn.fetchval(COMPLETE_JOB_SQL, job_ref, fencing_token, result_ref)
-            if occurred is None:
-                raise await lease_expired_meanwhile(conn, job_ref, row)
+            occurred = await fenced_transition(
+                conn, row, COMPLETE_JOB_SQL, job_ref, fencing_token, result_ref
+            )
             completion = Completion.COMPLETED
         else:
             occurred, completion = row.updated_at_unix_ms, Completion.DUPLICATE
-        enqueue = await enqueue_event(conn, prepared, int(occurred), caller_owned=caller_owned)
-    return CompletionOutcome(job_ref, completion, enqueue, prepared.event_id, int(occurred))
+        enqueue = await enqueue_event(conn, prepared, occurred, caller_owned=caller_owned)
+    return CompletionOutcome(job_ref, completion, enqueue, prepared.event_id, occurred)
 
 
 async def fail_job_permanently(
@@ -90,16 +90,10 @@ async def fail_job_permanently(
     prepared = prepare_failure_event(
         job_ref=job_ref, cause_code=cause_code, detail=detail, event=event
     )
-    async with outcome_transaction(conn) as caller_owned:
-        row = await lock_job(conn, job_ref)
-        decision = decide_permanent_failure(job_ref, row, fencing_token, cause_code)
-        return await record_permanent_failure(
-            conn,
-            prepared,
-            row,
-            decision,
-            fencing_token=fencing_token,
-            cause_code=cause_code,
-            lease_must_be_expired=False,
-            caller_owned=caller_owned,
-        )
+
+    async def decide(row: JobRow) -> Decision:
+        return decide_permanent_failure(job_ref, row, fencing_token, cause_code)
+
+    return await fail_under_lock(
+        conn, prepared, decide, fencing_token=fencing_token, lease_must_be_expired=False
+    )
