@@ -31,10 +31,12 @@ _END_JOB: Final = f"""next_attempt_at_unix_ms = NULL,
 
 # -- the writer: lock, transition, event -------------------------------------------------
 
+# The aliases are JobRow's field names: the row becomes a JobRow by name, and a column
+# added to one but not the other fails at once.
 LOCK_JOB_SQL: Final = f"""
-SELECT scoring_state, attempt_count, max_attempts, active_fencing_token,
-       active_lease_expires_at_unix_ms, next_attempt_at_unix_ms, result_ref,
-       completed_fencing_token, last_failure_code,
+SELECT scoring_state AS state, attempt_count, max_attempts, active_fencing_token,
+       active_lease_expires_at_unix_ms AS lease_expires_at_unix_ms, next_attempt_at_unix_ms,
+       result_ref, completed_fencing_token, last_failure_code,
        {UPDATED_AT_UNIX_MS} AS updated_at_unix_ms,
        {NOW_UNIX_MS} AS now_unix_ms
 FROM scoring_job_state

@@ -41,19 +41,7 @@ async def lock_job(conn: asyncpg.Connection, job_ref: str) -> JobRow:
     record = await conn.fetchrow(LOCK_JOB_SQL, job_ref)
     if record is None:
         raise UnknownJob(f"no scoring job {job_ref!r}", job_ref=job_ref)
-    return JobRow(
-        state=record["scoring_state"],
-        attempt_count=record["attempt_count"],
-        max_attempts=record["max_attempts"],
-        active_fencing_token=record["active_fencing_token"],
-        lease_expires_at_unix_ms=record["active_lease_expires_at_unix_ms"],
-        next_attempt_at_unix_ms=record["next_attempt_at_unix_ms"],
-        result_ref=record["result_ref"],
-        completed_fencing_token=record["completed_fencing_token"],
-        last_failure_code=record["last_failure_code"],
-        updated_at_unix_ms=record["updated_at_unix_ms"],
-        now_unix_ms=record["now_unix_ms"],
-    )
+    return JobRow(**dict(record))
 
 
 async def lease_expired_meanwhile(
