@@ -2,191 +2,56 @@
 job, retryable failure, lease expiry and cancellation.
 
 Every path that ends a job permanently (a retryable failure with its budget spent, an
-expired lease with its budget spent) goes through the writer's permanent-failure path,
-so the quarantine and its event commit together.
+expired lease with its budget spent) goes through the same permanent-failure path as the
+writer (:func:`scoring.store.fail_under_lock`), so the quarantine and its event commit
+together.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Final
 
 import asyncpg
 
 from contracts.envelope import JsonValue
-from scoring.errors import ConflictingReplay, InvalidArgument, NotCancellable
-from scoring.transitions import Decision, decide_retryable_failure, expiry_applies
-from scoring.writer import (
+from scoring.errors import ConflictingReplay, NotCancellable
+from scoring.events import (
     EventDetails,
-    FailureOutcome,
-    lease_expired_meanwhile,
-    lock_job,
-    outcome_transaction,
     prepare_failure_event,
-    record_permanent_failure,
     validate_cause_code,
+    validate_duration_ms,
     validate_fencing_token,
     validate_ref,
 )
+from scoring.outcomes import ClaimedJob, FailureOutcome, LeaseExpiry, RetryScheduled
+from scoring.sql import (
+    CANCEL_JOB_SQL,
+    CLAIM_NEXT_DUE_SQL,
+    ENQUEUE_JOB_SQL,
+    EXPIRE_LEASES_SQL,
+    RETRY_JOB_SQL,
+)
+from scoring.store import fail_under_lock, fenced_transition, lock_job, outcome_transaction
+from scoring.transitions import Decision, JobRow, decide_retryable_failure, expiry_applies
+
+# The names docs/writer.md documents under scoring.worker; the result types live in
+# scoring.outcomes.
+__all__ = [
+    "LEASE_EXPIRED",
+    "ClaimedJob",
+    "LeaseExpiry",
+    "RetryScheduled",
+    "cancel_job",
+    "claim_next_due",
+    "enqueue_job",
+    "expire_leases",
+    "exponential_backoff_ms",
+    "fail_retryable",
+]
 
 LEASE_EXPIRED: Final = "lease_expired"
-# Millisecond durations stay within a signed 32-bit range (about 24.8 days): far beyond
-# any sane lease or backoff, and no risk of overflowing a bigint expiry.
-MAX_DURATION_MS: Final = 2**31 - 1
-
-ENQUEUE_JOB_SQL: Final = """
-INSERT INTO scoring_job_state (scoring_job_ref, scoring_request_ref, scoring_state, max_attempts)
-VALUES ($1, $2, 'queued', $3)
-ON CONFLICT (scoring_job_ref) DO NOTHING
-RETURNING true
-"""
-
-# The clock is read once (a materialised CTE) so the due test and the expiry agree.
-# SKIP LOCKED lets concurrent workers pass over each other's candidates; the state
-# filter matches the claimable partial index.
-CLAIM_NEXT_DUE_SQL: Final = """
-WITH clock AS MATERIALIZED (
-    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_unix_ms
-),
-next_job AS (
-    SELECT j.scoring_job_ref
-    FROM scoring_job_state j
-    WHERE j.scoring_state IN ('queued', 'retry_scheduled')
-      AND (j.scoring_state = 'queued'
-           OR j.next_attempt_at_unix_ms <= (SELECT now_unix_ms FROM clock))
-    ORDER BY j.created_at, j.scoring_job_ref
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE scoring_job_state j
-SET scoring_state = 'leased',
-    attempt_count = j.attempt_count + 1,
-    active_worker_ref = $1,
-    active_lease_ref = $2,
-    active_fencing_token = j.attempt_count + 1,
-    active_lease_expires_at_unix_ms = clock.now_unix_ms + $3::bigint,
-    next_attempt_at_unix_ms = NULL,
-    updated_at = clock_timestamp()
-FROM next_job, clock
-WHERE j.scoring_job_ref = next_job.scoring_job_ref
-RETURNING j.scoring_job_ref, j.scoring_request_ref, j.attempt_count, j.max_attempts,
-          j.active_lease_expires_at_unix_ms
-"""
-
-RETRY_JOB_SQL: Final = """
-UPDATE scoring_job_state
-SET scoring_state = 'retry_scheduled',
-    last_failure_code = $3,
-    next_attempt_at_unix_ms
-        = floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + $4::bigint,
-    active_worker_ref = NULL,
-    active_lease_ref = NULL,
-    active_fencing_token = NULL,
-    active_lease_expires_at_unix_ms = NULL,
-    updated_at = clock_timestamp()
-WHERE scoring_job_ref = $1
-  AND scoring_state = 'leased'
-  AND active_fencing_token = $2
-  AND attempt_count < max_attempts
-  AND active_lease_expires_at_unix_ms
-      >= floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
-RETURNING next_attempt_at_unix_ms
-"""
-
-# Expired leases with budget left go back to retry_scheduled, due now, in this one
-# statement; the rest are returned so each is quarantined with its event.
-EXPIRE_LEASES_SQL: Final = """
-WITH clock AS MATERIALIZED (
-    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_unix_ms
-),
-expired AS (
-    SELECT j.scoring_job_ref, j.attempt_count, j.max_attempts, j.active_fencing_token
-    FROM scoring_job_state j
-    WHERE j.scoring_state = 'leased'
-      AND j.active_lease_expires_at_unix_ms < (SELECT now_unix_ms FROM clock)
-    ORDER BY j.active_lease_expires_at_unix_ms, j.scoring_job_ref
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
-),
-rescheduled AS (
-    UPDATE scoring_job_state j
-    SET scoring_state = 'retry_scheduled',
-        last_failure_code = $2,
-        next_attempt_at_unix_ms = clock.now_unix_ms,
-        active_worker_ref = NULL,
-        active_lease_ref = NULL,
-        active_fencing_token = NULL,
-        active_lease_expires_at_unix_ms = NULL,
-        updated_at = clock_timestamp()
-    FROM expired, clock
-    WHERE j.scoring_job_ref = expired.scoring_job_ref
-      AND expired.attempt_count < expired.max_attempts
-    RETURNING j.scoring_job_ref
-)
-SELECT e.scoring_job_ref, e.active_fencing_token,
-       e.scoring_job_ref IN (SELECT r.scoring_job_ref FROM rescheduled r) AS rescheduled
-FROM expired e
-ORDER BY e.scoring_job_ref
-"""
-
-CANCEL_JOB_SQL: Final = """
-UPDATE scoring_job_state
-SET scoring_state = 'cancelled',
-    active_worker_ref = NULL,
-    active_lease_ref = NULL,
-    active_fencing_token = NULL,
-    active_lease_expires_at_unix_ms = NULL,
-    next_attempt_at_unix_ms = NULL,
-    updated_at = clock_timestamp()
-WHERE scoring_job_ref = $1
-  AND scoring_state IN ('queued', 'leased', 'retry_scheduled')
-"""
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimedJob:
-    """A lease on one job: finish it with ``fencing_token`` before ``lease_expires_at_unix_ms``."""
-
-    job_ref: str
-    request_ref: str
-    worker_ref: str
-    lease_ref: str
-    fencing_token: int
-    max_attempts: int
-    lease_expires_at_unix_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class RetryScheduled:
-    """A retryable failure was recorded; the job is due again at ``next_attempt_at_unix_ms``."""
-
-    job_ref: str
-    next_attempt_at_unix_ms: int
-    duplicate: bool  # True: this same failure had already been recorded
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseExpiry:
-    """What one ``expire_leases`` pass did."""
-
-    rescheduled: tuple[str, ...]  # back to retry_scheduled, due now
-    quarantined: tuple[FailureOutcome, ...]  # budget spent: quarantined with their event
-    conflicts: tuple[str, ...]  # quarantine refused by ConflictingReplay; left leased
-
-
-def _duration_ms(field: str, value: object, *, minimum: int) -> int:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or not minimum <= value <= MAX_DURATION_MS
-    ):
-        raise InvalidArgument(
-            f"{field}: must be an integer in {minimum}..{MAX_DURATION_MS}, not {value!r}",
-            field=field,
-        )
-    return value
 
 
 def exponential_backoff_ms(attempt_count: int, *, base_ms: int, cap_ms: int) -> int:
@@ -205,7 +70,7 @@ async def enqueue_job(
     """Queue a new job; False when a job with this ref already exists (left unchanged)."""
     validate_ref("job_ref", job_ref)
     validate_ref("request_ref", request_ref, job_ref=job_ref)
-    _duration_ms("max_attempts", max_attempts, minimum=1)
+    validate_duration_ms("max_attempts", max_attempts, minimum=1)
     created = await conn.fetchval(ENQUEUE_JOB_SQL, job_ref, request_ref, max_attempts)
     return created is not None
 
@@ -215,7 +80,7 @@ async def claim_next_due(
 ) -> ClaimedJob | None:
     """Lease the oldest due job (by created_at, then ref) for ``lease_ms`` by the database clock; None when nothing is due."""
     validate_ref("worker_ref", worker_ref)
-    _duration_ms("lease_ms", lease_ms, minimum=1)
+    validate_duration_ms("lease_ms", lease_ms, minimum=1)
     # Lease refs must not look numeric (the table's CHECK), hence the prefix.
     lease_ref = f"lease-{uuid.uuid4().hex}"
     record = await conn.fetchrow(CLAIM_NEXT_DUE_SQL, worker_ref, lease_ref, lease_ms)
@@ -246,58 +111,27 @@ async def fail_retryable(
     validate_ref("job_ref", job_ref)
     validate_fencing_token(fencing_token, job_ref=job_ref)
     validate_cause_code(cause_code, job_ref=job_ref)
-    _duration_ms("retry_delay_ms", retry_delay_ms, minimum=0)
+    validate_duration_ms("retry_delay_ms", retry_delay_ms, minimum=0)
     # Validated now, before any write, although it is only used when the budget is spent.
     prepared = prepare_failure_event(
         job_ref=job_ref, cause_code=cause_code, detail=detail, event=event
     )
-    async with outcome_transaction(conn) as caller_owned:
-        row = await lock_job(conn, job_ref)
+
+    async def decide(row: JobRow) -> Decision | RetryScheduled:
         decision = decide_retryable_failure(job_ref, row, fencing_token, cause_code)
         if decision is Decision.DUPLICATE_RETRY:
             assert row.next_attempt_at_unix_ms is not None  # retry_scheduled has one (CHECK)
             return RetryScheduled(job_ref, row.next_attempt_at_unix_ms, duplicate=True)
         if decision is Decision.RETRY:
-            next_at = await conn.fetchval(
-                RETRY_JOB_SQL, job_ref, fencing_token, cause_code, retry_delay_ms
+            next_at = await fenced_transition(
+                conn, row, RETRY_JOB_SQL, job_ref, fencing_token, cause_code, retry_delay_ms
             )
-            if next_at is None:
-                raise await lease_expired_meanwhile(conn, job_ref, row)
-            return RetryScheduled(job_ref, int(next_at), duplicate=False)
-        return await record_permanent_failure(
-            conn,
-            prepared,
-            row,
-            decision,
-            fencing_token=fencing_token,
-            cause_code=cause_code,
-            lease_must_be_expired=False,
-            caller_owned=caller_owned,
-        )
+            return RetryScheduled(job_ref, next_at, duplicate=False)
+        return decision  # the budget is spent: a permanent failure
 
-
-async def _quarantine_expired(
-    conn: asyncpg.Connection, job_ref: str, fencing_token: int, details: EventDetails
-) -> FailureOutcome | None:
-    prepared = prepare_failure_event(
-        job_ref=job_ref, cause_code=LEASE_EXPIRED, detail=None, event=details
+    return await fail_under_lock(
+        conn, prepared, decide, fencing_token=fencing_token, lease_must_be_expired=False
     )
-    async with outcome_transaction(conn) as caller_owned:
-        row = await lock_job(conn, job_ref)
-        # Re-checked under the lock: between the sweep and this transaction the worker
-        # may have finished the job, or another sweeper may have got there first.
-        if not expiry_applies(row, fencing_token):
-            return None
-        return await record_permanent_failure(
-            conn,
-            prepared,
-            row,
-            Decision.APPLY,
-            fencing_token=fencing_token,
-            cause_code=LEASE_EXPIRED,
-            lease_must_be_expired=True,
-            caller_owned=caller_owned,
-        )
 
 
 async def expire_leases(
@@ -311,7 +145,7 @@ async def expire_leases(
     ``event`` gives the failure event's details, or a function of the job ref returning them
     (the job table has no tenant column, so a multi-tenant caller must look it up).
     """
-    _duration_ms("limit", limit, minimum=1)
+    validate_duration_ms("limit", limit, minimum=1)
     caller_owned = conn.is_in_transaction()
     records = await conn.fetch(EXPIRE_LEASES_SQL, limit, LEASE_EXPIRED)
     rescheduled = tuple(r["scoring_job_ref"] for r in records if r["rescheduled"])
@@ -320,11 +154,27 @@ async def expire_leases(
     for record in records:
         if record["rescheduled"]:
             continue
-        job_ref = record["scoring_job_ref"]
-        details = event(job_ref) if callable(event) else event
+        job_ref, fencing_token = record["scoring_job_ref"], record["active_fencing_token"]
+        prepared = prepare_failure_event(
+            job_ref=job_ref,
+            cause_code=LEASE_EXPIRED,
+            detail=None,
+            event=event(job_ref) if callable(event) else event,
+        )
+
+        # fencing_token is bound as a default: this record's, not whatever the loop holds later.
+        async def still_expired(row: JobRow, fencing_token: int = fencing_token) -> Decision | None:
+            # Re-checked under the lock: between the sweep and this transaction the worker
+            # may have finished the job, or another sweeper may have got there first.
+            return Decision.APPLY if expiry_applies(row, fencing_token) else None
+
         try:
-            outcome = await _quarantine_expired(
-                conn, job_ref, record["active_fencing_token"], details
+            outcome = await fail_under_lock(
+                conn,
+                prepared,
+                still_expired,
+                fencing_token=fencing_token,
+                lease_must_be_expired=True,
             )
         except ConflictingReplay:
             if caller_owned:

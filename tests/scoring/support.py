@@ -13,22 +13,24 @@ import pytest
 from contracts.envelope import JobCompleted, JobFailed, JsonValue
 from scoring.errors import ConflictingCompletion, ConflictingFailure
 from scoring.event_id import OutcomeKind, terminal_event_id
-from scoring.worker import ClaimedJob, claim_next_due, enqueue_job
-from scoring.writer import (
+from scoring.events import (
     AGGREGATE_TYPE,
     COMPLETED_EVENT_TYPE,
     FAILED_EVENT_TYPE,
-    INSERT_EVENT_SQL,
+    PreparedEvent,
+    prepare_completion_event,
+    prepare_failure_event,
+)
+from scoring.sql import INSERT_EVENT_SQL
+from scoring.worker import ClaimedJob, claim_next_due, enqueue_job
+from scoring.writer import (
     Completion,
     CompletionOutcome,
     EventDetails,
     Failure,
     FailureOutcome,
-    PreparedEvent,
     complete_job,
     fail_job_permanently,
-    prepare_event,
-    prepare_failure_event,
 )
 
 
@@ -177,18 +179,8 @@ class Outcome:
     ) -> PreparedEvent:
         """The event this outcome would enqueue, prepared but not written."""
         if self.kind is OutcomeKind.COMPLETED:
-            body: dict[str, JsonValue] = {
-                "outcome": "completed",
-                "scoring_job_ref": job_ref,
-                "result_ref": self.ref,
-                "result": data,
-            }
-            return prepare_event(
-                job_ref=job_ref,
-                kind=OutcomeKind.COMPLETED,
-                outcome_ref=self.ref,
-                data=body,
-                details=details,
+            return prepare_completion_event(
+                job_ref=job_ref, result_ref=self.ref, payload=data, event=details
             )
         return prepare_failure_event(
             job_ref=job_ref, cause_code=self.ref, detail=data, event=details

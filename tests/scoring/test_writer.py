@@ -21,14 +21,9 @@ from scoring.errors import (
     UnknownJob,
 )
 from scoring.event_id import OutcomeKind, terminal_event_id
-from scoring.worker import claim_next_due, enqueue_job, expire_leases
-from scoring.writer import (
-    Completion,
-    Enqueue,
-    EventDetails,
-    complete_job,
-)
-from tests.scoring.conftest import TRACEPARENT
+from scoring.worker import ClaimedJob, claim_next_due, enqueue_job, expire_leases
+from scoring.writer import Completion, Enqueue, EventDetails
+from tests.scoring.conftest import TRACEPARENT, CompleteClaimed
 from tests.scoring.support import (
     COMPLETION,
     OUTCOMES,
@@ -53,9 +48,8 @@ RESULT = {"score": 0.73, "labels": ["a", "b"], "model": "m-3"}
 
 @OUTCOMES
 async def test_the_outcome_and_its_event_commit_together(
-    db: asyncpg.Connection, details: EventDetails, outcome: Outcome
+    db: asyncpg.Connection, details: EventDetails, outcome: Outcome, claimed: ClaimedJob
 ) -> None:
-    claimed = await leased_job(db)
     written = await outcome.apply(
         db, fencing_token=claimed.fencing_token, data=RESULT, event=details
     )
@@ -95,9 +89,8 @@ async def test_the_outcome_and_its_event_commit_together(
 
 @OUTCOMES
 async def test_an_exact_replay_is_a_duplicate_with_no_second_event(
-    db: asyncpg.Connection, details: EventDetails, outcome: Outcome
+    db: asyncpg.Connection, details: EventDetails, outcome: Outcome, claimed: ClaimedJob
 ) -> None:
-    claimed = await leased_job(db)
     first = await outcome.apply(db, fencing_token=claimed.fencing_token, data=RESULT, event=details)
     # A retry may carry new attempt metadata (trace, correlation): still the same outcome.
     retried = dataclasses.replace(details, correlation_ref="corr-2", traceparent=None)
@@ -115,9 +108,8 @@ async def test_an_exact_replay_is_a_duplicate_with_no_second_event(
 
 @OUTCOMES
 async def test_a_different_outcome_for_a_finished_job_conflicts(
-    db: asyncpg.Connection, details: EventDetails, outcome: Outcome
+    db: asyncpg.Connection, details: EventDetails, outcome: Outcome, claimed: ClaimedJob
 ) -> None:
-    claimed = await leased_job(db)
     await outcome.apply(db, fencing_token=claimed.fencing_token, event=details)
     before = await job(db)
     with pytest.raises(outcome.conflict):  # another result / cause
@@ -132,9 +124,8 @@ async def test_a_different_outcome_for_a_finished_job_conflicts(
 
 @OUTCOMES
 async def test_a_late_outbox_conflict_rolls_the_outcome_back(
-    db: asyncpg.Connection, details: EventDetails, outcome: Outcome
+    db: asyncpg.Connection, details: EventDetails, outcome: Outcome, claimed: ClaimedJob
 ) -> None:
-    claimed = await leased_job(db)
     # Another writer already put different content under the id this outcome derives.
     await insert_event_row(db, outcome.prepare(details, {"score": 0.99}), 1)
     before = await job(db)
@@ -198,9 +189,8 @@ async def test_refused_outcomes_enqueue_nothing(
 
 @OUTCOMES
 async def test_a_job_row_settled_without_its_outbox_row_reconciles_as_duplicate_inserted(
-    db: asyncpg.Connection, details: EventDetails, outcome: Outcome
+    db: asyncpg.Connection, details: EventDetails, outcome: Outcome, claimed: ClaimedJob
 ) -> None:
-    claimed = await leased_job(db)
     # The scoring service's own, non-atomic outcome: the job row only.
     await db.execute(outcome.settle_sql)
     settled = await job(db)
@@ -218,9 +208,8 @@ async def test_a_job_row_settled_without_its_outbox_row_reconciles_as_duplicate_
 
 @OUTCOMES
 async def test_an_outbox_row_with_the_job_still_leased_reconciles_as_applied_duplicate(
-    db: asyncpg.Connection, details: EventDetails, outcome: Outcome
+    db: asyncpg.Connection, details: EventDetails, outcome: Outcome, claimed: ClaimedJob
 ) -> None:
-    claimed = await leased_job(db)
     await insert_event_row(db, outcome.prepare(details, RESULT), 1)
     written = await outcome.apply(
         db, fencing_token=claimed.fencing_token, data=RESULT, event=details
@@ -232,9 +221,8 @@ async def test_an_outbox_row_with_the_job_still_leased_reconciles_as_applied_dup
 
 @OUTCOMES
 async def test_an_already_published_event_is_not_enqueued_again(
-    db: asyncpg.Connection, details: EventDetails, outcome: Outcome
+    db: asyncpg.Connection, details: EventDetails, outcome: Outcome, claimed: ClaimedJob
 ) -> None:
-    claimed = await leased_job(db)
     first = await outcome.apply(db, fencing_token=claimed.fencing_token, event=details)
     await publish(db, first.event_id)
     assert await events(db) == []
@@ -248,48 +236,25 @@ async def test_an_already_published_event_is_not_enqueued_again(
 
 
 async def test_same_result_ref_with_a_different_payload_is_a_conflicting_replay(
-    db: asyncpg.Connection, details: EventDetails
+    db: asyncpg.Connection, complete_claimed: CompleteClaimed
 ) -> None:
-    claimed = await leased_job(db)
-    await complete_job(
-        db,
-        job_ref="job-1",
-        fencing_token=claimed.fencing_token,
-        result_ref="r-1",
-        payload=RESULT,
-        event=details,
-    )
+    await complete_claimed(payload=RESULT)
     with pytest.raises(ConflictingReplay) as caught:
-        await complete_job(
-            db,
-            job_ref="job-1",
-            fencing_token=claimed.fencing_token,
-            result_ref="r-1",
-            payload={"score": 0.1},
-            event=details,
-        )
+        await complete_claimed(payload={"score": 0.1})
     assert caught.value.event_id == terminal_event_id("job-1", OutcomeKind.COMPLETED, "r-1")
     [event] = await events(db)
     assert decode_outcome_event(event["payload"]).data == JobCompleted("job-1", "r-1", RESULT)
 
 
 async def test_a_late_conflict_in_the_callers_transaction_can_only_roll_back(
-    db: asyncpg.Connection, details: EventDetails
+    db: asyncpg.Connection, details: EventDetails, complete_claimed: CompleteClaimed
 ) -> None:
-    claimed = await leased_job(db)
     await insert_event_row(db, COMPLETION.prepare(details, {"score": 0.99}), 1)
     tr = db.transaction()
     await tr.start()
     await enqueue_job(db, job_ref="job-side-effect", request_ref="req-x", max_attempts=1)
     with pytest.raises(ConflictingReplay):
-        await complete_job(
-            db,
-            job_ref="job-1",
-            fencing_token=claimed.fencing_token,
-            result_ref="r-1",
-            payload=RESULT,
-            event=details,
-        )
+        await complete_claimed(payload=RESULT)
     # Even a caller that ignores the error cannot commit the half: COMMIT rolls back.
     with pytest.raises(asyncpg.InFailedSQLTransactionError):
         await db.fetchval("SELECT 1")
@@ -305,23 +270,19 @@ async def test_a_late_conflict_in_the_callers_transaction_can_only_roll_back(
 
 
 async def test_a_receipt_with_the_job_still_leased_reconciles_as_completed_duplicate(
-    db: asyncpg.Connection, details: EventDetails
+    db: asyncpg.Connection, details: EventDetails, complete_claimed: CompleteClaimed
 ) -> None:
-    claimed = await leased_job(db)
     prepared = COMPLETION.prepare(details, None)
     await insert_event_row(db, prepared, 1)
     await publish(db, terminal_event_id("job-1", OutcomeKind.COMPLETED, "r-1"))
-    outcome = await complete_job(
-        db, job_ref="job-1", fencing_token=claimed.fencing_token, result_ref="r-1", event=details
-    )
+    outcome = await complete_claimed()
     assert (outcome.completion, outcome.enqueue) == (Completion.COMPLETED, Enqueue.DUPLICATE)
     assert await events(db) == []
 
 
 async def test_a_receipt_of_another_event_type_under_the_id_conflicts(
-    db: asyncpg.Connection, details: EventDetails
+    db: asyncpg.Connection, complete_claimed: CompleteClaimed
 ) -> None:
-    claimed = await leased_job(db)
     event_id = terminal_event_id("job-1", OutcomeKind.COMPLETED, "r-1")
     await db.execute(
         """INSERT INTO outbox_receipt (id, aggregatetype, aggregateid, type, topic, kafka_partition,
@@ -329,13 +290,7 @@ async def test_a_receipt_of_another_event_type_under_the_id_conflicts(
         event_id,
     )
     with pytest.raises(ConflictingReplay):
-        await complete_job(
-            db,
-            job_ref="job-1",
-            fencing_token=claimed.fencing_token,
-            result_ref="r-1",
-            event=details,
-        )
+        await complete_claimed()
     assert (await job(db))["scoring_state"] == "leased"
     assert await events(db) == []
 
@@ -344,15 +299,12 @@ async def test_a_receipt_of_another_event_type_under_the_id_conflicts(
 
 
 async def test_a_callers_transaction_that_rolls_back_leaves_nothing(
-    db: asyncpg.Connection, details: EventDetails
+    db: asyncpg.Connection, complete_claimed: CompleteClaimed
 ) -> None:
-    claimed = await leased_job(db)
     before = await job(db)
     tr = db.transaction()
     await tr.start()
-    outcome = await complete_job(
-        db, job_ref="job-1", fencing_token=claimed.fencing_token, result_ref="r-1", event=details
-    )
+    outcome = await complete_claimed()
     assert (outcome.completion, outcome.enqueue) == (Completion.COMPLETED, Enqueue.INSERTED)
     assert db.is_in_transaction()  # the writer did not commit the caller's transaction
     await tr.rollback()
@@ -361,19 +313,12 @@ async def test_a_callers_transaction_that_rolls_back_leaves_nothing(
 
 
 async def test_a_callers_transaction_commits_its_own_writes_with_the_outcome(
-    db: asyncpg.Connection, db2: asyncpg.Connection, details: EventDetails
+    db: asyncpg.Connection, db2: asyncpg.Connection, complete_claimed: CompleteClaimed
 ) -> None:
-    claimed = await leased_job(db)
     async with db.transaction():
         await db.execute("CREATE TABLE score_result (ref text PRIMARY KEY)")
         await db.execute("INSERT INTO score_result VALUES ('r-1')")
-        await complete_job(
-            db,
-            job_ref="job-1",
-            fencing_token=claimed.fencing_token,
-            result_ref="r-1",
-            event=details,
-        )
+        await complete_claimed()
         # Nothing is visible to others before the caller commits.
         assert await events(db2) == []
     assert await db2.fetchval("SELECT ref FROM score_result") == "r-1"
@@ -400,19 +345,15 @@ async def test_a_callers_transaction_commits_its_own_writes_with_the_outcome(
 async def test_an_invalid_envelope_is_refused_before_any_write(
     db: asyncpg.Connection,
     details: EventDetails,
+    complete_claimed: CompleteClaimed,
     changes: dict[str, object],
     payload: object,
     field: str,
 ) -> None:
-    claimed = await leased_job(db)
     before = await job(db)
     with pytest.raises(InvalidEnvelope) as caught:
-        await complete_job(
-            db,
-            job_ref="job-1",
-            fencing_token=claimed.fencing_token,
-            result_ref="r-1",
-            payload=payload,  # type: ignore[arg-type]
+        await complete_claimed(
+            payload=payload,
             event=dataclasses.replace(details, **changes),  # type: ignore[arg-type]
         )
     assert caught.value.field == field
@@ -431,57 +372,32 @@ async def test_an_invalid_envelope_is_refused_before_any_write(
     ],
 )
 async def test_invalid_arguments_are_refused_before_any_write(
-    db: asyncpg.Connection, details: EventDetails, kwargs: dict[str, object], field: str
+    db: asyncpg.Connection,
+    complete_claimed: CompleteClaimed,
+    kwargs: dict[str, object],
+    field: str,
 ) -> None:
-    claimed = await leased_job(db)
-    call: dict[str, object] = {
-        "job_ref": "job-1",
-        "fencing_token": claimed.fencing_token,
-        "result_ref": "r-1",
-    }
-    call.update(kwargs)
     with pytest.raises(InvalidArgument) as caught:
-        await complete_job(db, event=details, **call)  # type: ignore[arg-type]
+        await complete_claimed(**kwargs)
     assert caught.value.field == field
     assert await events(db) == []
 
 
 async def test_a_caller_supplied_event_id_must_be_the_derived_one(
-    db: asyncpg.Connection, details: EventDetails
+    db: asyncpg.Connection, details: EventDetails, complete_claimed: CompleteClaimed
 ) -> None:
-    claimed = await leased_job(db)
     with pytest.raises(EventIdMismatch):
-        await complete_job(
-            db,
-            job_ref="job-1",
-            fencing_token=claimed.fencing_token,
-            result_ref="r-1",
-            event=dataclasses.replace(details, event_id=uuid.uuid4()),
-        )
+        await complete_claimed(event=dataclasses.replace(details, event_id=uuid.uuid4()))
     assert (await job(db))["scoring_state"] == "leased"
     derived = terminal_event_id("job-1", OutcomeKind.COMPLETED, "r-1")
-    outcome = await complete_job(
-        db,
-        job_ref="job-1",
-        fencing_token=claimed.fencing_token,
-        result_ref="r-1",
-        event=dataclasses.replace(details, event_id=derived),
-    )
+    outcome = await complete_claimed(event=dataclasses.replace(details, event_id=derived))
     assert outcome.event_id == derived
 
 
 async def test_stored_payload_is_the_canonical_body(
-    db: asyncpg.Connection, details: EventDetails
+    db: asyncpg.Connection, complete_claimed: CompleteClaimed
 ) -> None:
-    claimed = await leased_job(db)
-    await complete_job(
-        db,
-        job_ref="job-1",
-        fencing_token=claimed.fencing_token,
-        result_ref="r-1",
-        payload={"z": 1, "a": [1.5, "é", None]},
-        event=details,
-    )
+    await complete_claimed(payload={"z": 1, "a": [1.5, "é", None]})
     [event] = await events(db)
     body = json.loads(event["payload"])
     assert set(body) == {"envelope", "data"}
