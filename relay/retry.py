@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from aiokafka import errors as kafka_errors
 
+from relay.publisher import PredecessorFailed
 from relay.records import RecordRejected
 
 
@@ -29,6 +30,8 @@ LANE_LOST = FailureClass("lane_lost", retriable=True)
 # after a broker restart lost in-flight batches). Nothing is wrong with the events:
 # retry them, on a fresh producer.
 PRODUCER_STATE = FailureClass("producer_state", retriable=True)
+# An earlier batch of the partition failed, so this one was kept back to keep key order.
+HELD_BEHIND_FAILURE = FailureClass("held_behind_failure", retriable=True)
 
 _BY_TYPE: tuple[tuple[type[BaseException], FailureClass], ...] = (
     (kafka_errors.MessageSizeTooLargeError, RECORD_TOO_LARGE),
@@ -37,6 +40,7 @@ _BY_TYPE: tuple[tuple[type[BaseException], FailureClass], ...] = (
     (kafka_errors.ClusterAuthorizationFailedError, AUTHORIZATION),
     (kafka_errors.TransactionalIdAuthorizationFailed, AUTHORIZATION),
     (kafka_errors.InvalidTopicError, INVALID_TOPIC),
+    (PredecessorFailed, HELD_BEHIND_FAILURE),
     (kafka_errors.OutOfOrderSequenceNumber, PRODUCER_STATE),
     (kafka_errors.UnknownProducerId, PRODUCER_STATE),
     (kafka_errors.InvalidProducerEpoch, PRODUCER_STATE),
