@@ -28,6 +28,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from relay.outcome import Acknowledgement, Landed
 from relay.records import KafkaRecord, RecordRejected
+from relay.retry import PredecessorFailed
 
 _PARTITION_CACHE_LIMIT = 200_000
 
@@ -48,6 +49,10 @@ class Submission:
     batches: list[SubmittedBatch] = field(default_factory=list)
     failures: dict[int, BaseException] = field(default_factory=dict)
 
+    def unanswered(self) -> bool:
+        """True while the producer holds a batch of this submission without an answer."""
+        return any(not sent.future.done() for sent in self.batches)
+
     async def acknowledgements(self, within_s: float) -> list[Acknowledgement]:
         """Each batch's answer, in submission order; one not answered within ``within_s``
         counts as timed out."""
@@ -66,10 +71,6 @@ def _answer(future: asyncio.Future[Any]) -> Landed | BaseException:
         return exc
     meta = future.result()
     return Landed(meta.topic, meta.partition, meta.offset)
-
-
-class PredecessorFailed(Exception):
-    """An earlier batch of the same partition failed, so this one was not handed over."""
 
 
 class BatchPublisher:

@@ -7,8 +7,15 @@ from dataclasses import dataclass
 
 from aiokafka import errors as kafka_errors
 
-from relay.publisher import PredecessorFailed
 from relay.records import RecordRejected
+
+
+class PredecessorFailed(Exception):
+    """An earlier batch of the same partition failed, so this one was not handed over."""
+
+
+class ProducerWasReset(Exception):
+    """The relay gave up on these records and reset the producer; they are retried."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +39,9 @@ LANE_LOST = FailureClass("lane_lost", retriable=True)
 PRODUCER_STATE = FailureClass("producer_state", retriable=True)
 # An earlier batch of the partition failed, so this one was kept back to keep key order.
 HELD_BEHIND_FAILURE = FailureClass("held_behind_failure", retriable=True)
+# The relay gave up waiting for the broker (or its lease or drain time ran out) and reset
+# the producer, so nothing it held can land later.
+PRODUCER_RESET = FailureClass("producer_reset", retriable=True)
 
 _BY_TYPE: tuple[tuple[type[BaseException], FailureClass], ...] = (
     (kafka_errors.MessageSizeTooLargeError, RECORD_TOO_LARGE),
@@ -41,6 +51,7 @@ _BY_TYPE: tuple[tuple[type[BaseException], FailureClass], ...] = (
     (kafka_errors.TransactionalIdAuthorizationFailed, AUTHORIZATION),
     (kafka_errors.InvalidTopicError, INVALID_TOPIC),
     (PredecessorFailed, HELD_BEHIND_FAILURE),
+    (ProducerWasReset, PRODUCER_RESET),
     (kafka_errors.OutOfOrderSequenceNumber, PRODUCER_STATE),
     (kafka_errors.UnknownProducerId, PRODUCER_STATE),
     (kafka_errors.InvalidProducerEpoch, PRODUCER_STATE),

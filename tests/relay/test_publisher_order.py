@@ -9,9 +9,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from relay.publisher import BatchPublisher, PredecessorFailed
+from relay.publisher import BatchPublisher
 from relay.records import KafkaRecord
-from relay.retry import HELD_BEHIND_FAILURE, RECORD_TOO_LARGE, classify_failure
+from relay.retry import HELD_BEHIND_FAILURE, RECORD_TOO_LARGE, PredecessorFailed, classify_failure
 
 _LIMIT = 2_000  # the topic's max.message.bytes: one 4 KiB record is too large
 
