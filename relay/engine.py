@@ -112,6 +112,10 @@ class Relay:
         # again only what these hold.
         self._window = InFlightWindow(config.max_in_flight_batches)
         self._last_lane_tick_ok = 0.0
+        # How long before the local end of a lease the producer is reset if it still
+        # holds records of those lanes (the local end is already earlier than the
+        # database's: it counts from before the renewal was sent).
+        self._lease_guard_s = min(1.0, config.lease_renew_ms / 1000)
 
     # -- what the health sidecar asks -------------------------------------------------
     def live(self) -> bool:
@@ -157,8 +161,14 @@ class Relay:
                         pipeline.start_soon(self._ack_loop, acknowledging, name="ack")
                         pipeline.start_soon(self._drain_deadline, stop, pipeline_scope)
                 background.cancel_scope.cancel()
+            if not self._window.empty():
+                # Cancelled with records still in the producer: they must never land after
+                # the next owner of these lanes published.
+                self._producer.reset("stopping with records unanswered")
             await self._leave()
         finally:
+            if not self._window.empty():
+                self._producer.reset("stopping with records unanswered")
             await self._producer.stop()
             await pool.close()
 
@@ -173,9 +183,16 @@ class Relay:
         group.start_soon(ticker, name, round_, every_ms, name=name)
 
     async def _drain_deadline(self, stop: anyio.Event, scope: anyio.CancelScope) -> None:
+        """After ``stop``: drain, and at the end of the drain time give up on what the
+        broker has not answered (reset), keeping a reserve to record that and hand back."""
         await stop.wait()
         self._wake.set()
-        scope.deadline = anyio.current_time() + self.config.drain_timeout_ms / 1000
+        drain_s = self.config.drain_timeout_ms / 1000
+        reserve_s = min(2.0, drain_s / 4)
+        scope.deadline = anyio.current_time() + drain_s - reserve_s / 2
+        await anyio.sleep(drain_s - reserve_s)
+        if not self._window.empty():
+            self._producer.reset("drain timeout")
 
     def _wait_on_kafka(self, delay_ms: int) -> None:
         """While the producer cannot start, the pipeline loops wait with it and stay live."""
@@ -276,8 +293,10 @@ class Relay:
                     fences = dict(
                         zip(*self._lanes.leases.fences_for({r.lane for r in rows}), strict=True)
                     )
-                    batch = await self._send(rows, fences)
+                    # In flight from now, before the producer has them: a hand-over must not
+                    # take these lanes while a slow submit (metadata waits) is still going.
                     window.admit(rows)
+                    batch = await self._send(rows, fences)
                     await batches.send(batch)
                 else:
                     window.give_back_slot()
@@ -341,10 +360,17 @@ class Relay:
 
     async def _settle(self, batch: Batch) -> Outcome:
         """Wait for the batch's acknowledgements and sort its rows into published and failed."""
+        assert self._lanes is not None
         submission = batch.submission
-        acknowledgements = await submission.acknowledgements(
-            within_s=2 * self.config.send_timeout_ms / 1000
-        )
+        # Wait for the broker, but never past the point where the lanes could pass to
+        # another instance: a record still held then could land after the next owner's.
+        lease_left_s = self._lanes.leases.valid_until - time.monotonic() - self._lease_guard_s
+        within_s = max(0.0, min(2 * self.config.send_timeout_ms / 1000, lease_left_s))
+        acknowledgements = await submission.acknowledgements(within_s=within_s)
+        if submission.unanswered():
+            self._producer.reset(
+                "lease ending" if within_s >= lease_left_s else "broker did not answer in time"
+            )
         outcome = sort_outcome(batch.rows, acknowledgements, submission.failures)
         # Until the failure is recorded, the database does not hold the key back yet.
         # Failures found before sending were held back when they were found.

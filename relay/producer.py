@@ -11,6 +11,7 @@ import anyio
 from aiokafka import AIOKafkaProducer
 
 from relay.config import RelayConfig
+from relay.producer_reset import ProducerReset, ProducerWasReset
 from relay.publisher import BatchPublisher, Submission
 from relay.records import KafkaRecord
 from relay.retry import backoff_ms, classify_failure
@@ -61,6 +62,7 @@ class ProducerKeeper:
         self._rng = rng or random.Random()  # noqa: S311 - jitter only
         self._producer: AIOKafkaProducer | None = None
         self._publisher: BatchPublisher | None = None
+        self._reset: ProducerReset | None = None
         # Set on a sequence error: the producer must be replaced once nothing is in flight.
         self.broken = False
         # Batches in a row that failed retriably and published nothing.
@@ -104,13 +106,26 @@ class ProducerKeeper:
                 continue
             log.info("connected to kafka")
             self._producer = producer
+            self._reset = ProducerReset(producer)
             self._publisher = BatchPublisher(producer)
             return True
         return False
 
+    def reset(self, reason: str) -> None:
+        """Give up on all the current producer holds, so none of it can land later; every
+        batch it held fails as ``producer_reset`` and the producer is replaced before the
+        next send (relay/producer_reset.py)."""
+        if self._reset is None or self._reset.done:
+            return
+        log.warning("giving up on what the kafka producer holds", extra={"reason": reason})
+        if self._publisher is not None:
+            self._publisher.cancel_pending()
+        self._reset.reset(ProducerWasReset(reason))
+        self.broken = True
+
     async def replace(self, stop: anyio.Event) -> None:
         """Start a new producer (new producer id, fresh sequences); call with nothing in flight."""
-        log.warning("replacing the Kafka producer after a sequence error")
+        log.warning("replacing the Kafka producer")
         old, self._producer = self._producer, None
         if old is not None:
             with anyio.CancelScope(shield=True):

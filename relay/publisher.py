@@ -5,6 +5,15 @@ The relay builds record batches itself (aiokafka's BatchBuilder) instead of call
 partition batch instead of one per record is most of the producer's CPU cost. Partitions
 are chosen exactly as Kafka's default partitioner does (murmur2 of the key), so a key
 lands where any other Kafka producer would put it.
+
+Order within a partition is kept against broker-side rejections too: a partition batch is
+handed to the producer only once the partition's previous batch was acknowledged. If that
+one failed (the broker rejected a record, or the producer was reset), the later batch is
+never sent and fails with :class:`PredecessorFailed`, so its rows are retried after the
+failed ones instead of overtaking them. aiokafka already sends one request per partition
+at a time, so this costs the hop between an acknowledgement and the next hand-over.
+Inside one submission, a record that fails (metadata, size) holds back the later records
+of its key: they are not sent and the caller finds them again on its next pass.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from relay.outcome import Acknowledgement, Landed
 from relay.records import KafkaRecord, RecordRejected
+from relay.retry import PredecessorFailed
 
 _PARTITION_CACHE_LIMIT = 200_000
 
@@ -38,6 +48,10 @@ class Submission:
 
     batches: list[SubmittedBatch] = field(default_factory=list)
     failures: dict[int, BaseException] = field(default_factory=dict)
+
+    def unanswered(self) -> bool:
+        """True while the producer holds a batch of this submission without an answer."""
+        return any(not sent.future.done() for sent in self.batches)
 
     async def acknowledgements(self, within_s: float) -> list[Acknowledgement]:
         """Each batch's answer, in submission order; one not answered within ``within_s``
@@ -66,6 +80,8 @@ class BatchPublisher:
         self._producer = producer
         self._partitioner = DefaultPartitioner()
         self._partitions: dict[tuple[str, int, bytes], int] = {}
+        # The last batch handed over per partition; the next one waits for it.
+        self._tails: dict[tuple[str, int], asyncio.Future[Any]] = {}
 
     def _partition(self, topic: str, known: list[int], key: bytes) -> int:
         cache_key = (topic, len(known), key)
@@ -83,15 +99,17 @@ class BatchPublisher:
         topics: dict[str, list[int]] = {}
         open_batches: dict[tuple[str, int], tuple[Any, list[int]]] = {}
         full: list[tuple[str, int, Any, list[int]]] = []
+        failed_keys: set[bytes] = set()
         for index, record in enumerate(records):
-            if record is None:
-                continue
+            if record is None or record.key in failed_keys:
+                continue  # held back: an earlier record of its key failed here
             known = topics.get(record.topic)
             if known is None:
                 try:
                     known = sorted(await self._producer.partitions_for(record.topic))
                 except Exception as exc:  # metadata failures are classified by the caller
                     submission.failures[index] = exc
+                    failed_keys.add(record.key)
                     continue
                 topics[record.topic] = known
             partition = self._partition(record.topic, known, record.key)
@@ -109,19 +127,38 @@ class BatchPublisher:
                     submission.failures[index] = RecordRejected(
                         "record_too_large", "the record does not fit an empty batch"
                     )
+                    failed_keys.add(record.key)
                     continue
             members.append(index)
         # Full batches of a partition come before its open one: order holds per partition.
         full.extend((t, p, b, m) for (t, p), (b, m) in open_batches.items() if m)
         for topic, partition, builder, members in full:
-            try:
-                future = await self._producer.send_batch(builder, topic, partition=partition)
-            except Exception as exc:  # classified by the caller, per record
-                for index in members:
-                    submission.failures[index] = exc
-                continue
-            submission.batches.append(SubmittedBatch(future, members))
+            slot = (topic, partition)
+            # asyncio, not anyio: the result is aiokafka's delivery future, awaited by the
+            # caller like the producer's own; cancel_pending() owns these tasks' lifetime.
+            task = asyncio.ensure_future(
+                self._hand_over(self._tails.get(slot), builder, topic, partition)
+            )
+            self._tails[slot] = task
+            submission.batches.append(SubmittedBatch(task, members))
         return submission
+
+    async def _hand_over(
+        self, previous: asyncio.Future[Any] | None, builder: Any, topic: str, partition: int
+    ) -> Any:
+        """Send the batch once the partition's previous batch is acknowledged; its metadata."""
+        if previous is not None:
+            await asyncio.wait([previous])  # never cancels or re-raises the previous batch
+            if previous.cancelled() or previous.exception() is not None:
+                raise PredecessorFailed(f"an earlier batch of {topic}[{partition}] failed")
+        delivery = await self._producer.send_batch(builder, topic, partition=partition)
+        return await delivery
+
+    def cancel_pending(self) -> None:
+        """Cancel every hand-over still waiting (the producer is being reset or stopped)."""
+        for task in self._tails.values():
+            task.cancel()
+        self._tails.clear()
 
     @staticmethod
     def _append(builder: Any, record: KafkaRecord) -> bool:

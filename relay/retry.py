@@ -10,6 +10,14 @@ from aiokafka import errors as kafka_errors
 from relay.records import RecordRejected
 
 
+class PredecessorFailed(Exception):
+    """An earlier batch of the same partition failed, so this one was not handed over."""
+
+
+class ProducerWasReset(Exception):
+    """The relay gave up on these records and reset the producer; they are retried."""
+
+
 @dataclass(frozen=True, slots=True)
 class FailureClass:
     """A stable, secret-free name for a publish failure, and whether waiting can cure it."""
@@ -29,6 +37,11 @@ LANE_LOST = FailureClass("lane_lost", retriable=True)
 # after a broker restart lost in-flight batches). Nothing is wrong with the events:
 # retry them, on a fresh producer.
 PRODUCER_STATE = FailureClass("producer_state", retriable=True)
+# An earlier batch of the partition failed, so this one was kept back to keep key order.
+HELD_BEHIND_FAILURE = FailureClass("held_behind_failure", retriable=True)
+# The relay gave up waiting for the broker (or its lease or drain time ran out) and reset
+# the producer, so nothing it held can land later.
+PRODUCER_RESET = FailureClass("producer_reset", retriable=True)
 
 _BY_TYPE: tuple[tuple[type[BaseException], FailureClass], ...] = (
     (kafka_errors.MessageSizeTooLargeError, RECORD_TOO_LARGE),
@@ -37,6 +50,8 @@ _BY_TYPE: tuple[tuple[type[BaseException], FailureClass], ...] = (
     (kafka_errors.ClusterAuthorizationFailedError, AUTHORIZATION),
     (kafka_errors.TransactionalIdAuthorizationFailed, AUTHORIZATION),
     (kafka_errors.InvalidTopicError, INVALID_TOPIC),
+    (PredecessorFailed, HELD_BEHIND_FAILURE),
+    (ProducerWasReset, PRODUCER_RESET),
     (kafka_errors.OutOfOrderSequenceNumber, PRODUCER_STATE),
     (kafka_errors.UnknownProducerId, PRODUCER_STATE),
     (kafka_errors.InvalidProducerEpoch, PRODUCER_STATE),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -18,6 +19,11 @@ class FakeProducer:
 
     def __init__(self) -> None:
         self.started = self.stopped = False
+        # What ProducerReset attaches to: the client's connection factory.
+        self.client = SimpleNamespace(_get_conn=self._no_connection, _conns={})
+
+    async def _no_connection(self, *_: Any, **__: Any) -> None:
+        return None
 
     async def start(self) -> None:
         self.started = True

@@ -1,0 +1,101 @@
+"""Abortive reset of a Kafka producer: nothing it still holds may reach the broker later.
+
+The idempotent producer retries a batch until the broker takes it; aiokafka never expires
+one. When the relay gives up on a batch (its path to the broker stalled past the send
+timeout, a drain deadline, a lease about to end), that batch must not land later, after
+the lane's next owner published newer records of the same keys. Three things can still
+carry it: the sender task (it would retry on a new connection), bytes in the client's
+buffers (asyncio's and the kernel's) and the producer's accumulator. A reset stops all
+three at once:
+
+- the sender task is cancelled, so nothing is written again;
+- every connection the producer ever opened — also those aiokafka already closed on a
+  request timeout, whose buffered bytes a graceful close would still flush — is closed
+  abortively: ``SO_LINGER`` 0 and ``transport.abort()``, so the kernel sends RST and
+  discards unsent bytes instead of delivering them when the path heals;
+- every batch still held fails with the given cause, so the relay records it (retriable)
+  and the rows are published again, in order, by whoever holds the lane.
+
+What this relies on: bytes that did not leave this host before the reset die with the
+connection (true for a stalled network path; not for a middlebox that acknowledged and
+buffers them — see docs/relay.md). It touches aiokafka internals (``client._get_conn``,
+``_sender``, ``_message_accumulator``, a connection's ``_writer``); the versions it is
+tested with are pinned in pyproject.toml and tests/faults exercise it against the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import struct
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from relay.retry import ProducerWasReset
+
+__all__ = ["ProducerReset", "ProducerWasReset"]
+
+log = logging.getLogger(__name__)
+
+_LINGER_ZERO = struct.pack("ii", 1, 0)
+
+
+def _linger_zero(transport: asyncio.BaseTransport) -> None:
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ZERO)
+
+
+class ProducerReset:
+    """Tracks a producer's broker connections from the start; :meth:`reset` kills them all."""
+
+    def __init__(self, producer: AIOKafkaProducer) -> None:
+        self._producer = producer
+        self._transports: list[asyncio.WriteTransport] = []
+        self.done = False
+        client: Any = producer.client
+        original: Callable[..., Awaitable[Any]] = client._get_conn
+
+        async def get_conn(*args: Any, **kwargs: Any) -> Any:
+            conn = await original(*args, **kwargs)
+            writer = getattr(conn, "_writer", None)
+            if writer is not None and writer.transport not in self._transports:
+                # Any later close, aiokafka's own included, is then abortive: a graceful
+                # close would deliver the buffered bytes once the path heals.
+                _linger_zero(writer.transport)
+                self._transports = [t for t in self._transports if not t.is_closing()]
+                self._transports.append(writer.transport)
+            return conn
+
+        client._get_conn = get_conn
+
+    def reset(self, cause: BaseException) -> None:
+        """Stop the sender, reset every connection (RST), fail every held batch with ``cause``."""
+        if self.done:
+            return
+        self.done = True
+        producer: Any = self._producer
+        sender = producer._sender
+        if sender is not None and sender.sender_task is not None:
+            sender.sender_task.cancel()
+        for transport in self._transports:
+            _linger_zero(transport)
+            transport.abort()
+        for conn in list(producer.client._conns.values()):
+            writer = getattr(conn, "_writer", None)
+            if writer is not None:
+                _linger_zero(writer.transport)
+                writer.transport.abort()
+            conn.close()
+        accumulator = producer._message_accumulator
+        accumulator.fail_all(cause)
+        if sender is not None and sender.sender_task is not None:
+            # A produce request the cancelled sender still awaits can put its batch back
+            # into the accumulator as it ends; fail those too, once it has ended.
+            sender.sender_task.add_done_callback(lambda _: accumulator.fail_all(cause))
+        log.warning("kafka producer reset: its unsent records were dropped and fail as retriable")

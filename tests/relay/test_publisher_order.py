@@ -1,0 +1,92 @@
+"""The batch publisher keeps a partition's order against the broker (real broker): a batch the
+broker rejects is never overtaken by a later batch of the same partition."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from relay.publisher import BatchPublisher
+from relay.records import KafkaRecord
+from relay.retry import HELD_BEHIND_FAILURE, RECORD_TOO_LARGE, PredecessorFailed, classify_failure
+
+_LIMIT = 2_000  # the topic's max.message.bytes: one 4 KiB record is too large
+
+
+async def _topic(bootstrap: str, name: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics(
+            [
+                NewTopic(
+                    name=name,
+                    num_partitions=1,
+                    replication_factor=1,
+                    topic_configs={"max.message.bytes": str(_LIMIT)},
+                )
+            ]
+        )
+    finally:
+        await admin.close()
+
+
+def _record(topic: str, n: int, size: int) -> KafkaRecord:
+    return KafkaRecord(
+        topic=topic, key=b"k", value=b'{"n":%d,"pad":"%s"}' % (n, b"x" * size), headers=[]
+    )
+
+
+async def _read_all(bootstrap: str, topic: str) -> list[bytes]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        end = (await consumer.end_offsets([tp]))[tp]
+        values: list[bytes] = []
+        while await consumer.position(tp) < end:
+            batch = await consumer.getmany(tp, timeout_ms=500)
+            values.extend(r.value or b"" for r in batch.get(tp, []))
+        return values
+    finally:
+        await consumer.stop()
+
+
+@pytest.mark.parametrize("first_write", [True, False], ids=["first-write", "later-write"])
+async def test_a_rejected_batch_is_not_overtaken_by_the_next_of_its_partition(
+    kafka_bootstrap: str, topic_namespace: str, first_write: bool
+) -> None:
+    topic = f"{topic_namespace}.small"
+    await _topic(kafka_bootstrap, topic)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=True
+    )
+    await producer.start()
+    try:
+        publisher = BatchPublisher(producer)
+        if not first_write:
+            warmup = await publisher.submit([_record(topic, 0, 10)])
+            await asyncio.wait([b.future for b in warmup.batches])
+        # Three submissions in a row, as pipelined fetches hand them over: r1 is too large
+        # for the topic, r2 and r3 of the same key are small.
+        subs = [
+            await publisher.submit([_record(topic, 1, 4_000)]),
+            await publisher.submit([_record(topic, 2, 10)]),
+            await publisher.submit([_record(topic, 3, 10)]),
+        ]
+        futures = [s.batches[0].future for s in subs]
+        await asyncio.wait(futures, timeout=30)
+    finally:
+        await producer.stop()
+    assert all(f.done() for f in futures)
+    assert classify_failure(futures[0].exception()) is RECORD_TOO_LARGE  # type: ignore[arg-type]
+    for later in futures[1:]:
+        assert isinstance(later.exception(), PredecessorFailed)
+        assert classify_failure(later.exception()) is HELD_BEHIND_FAILURE  # type: ignore[arg-type]
+    on_topic = await _read_all(kafka_bootstrap, topic)
+    assert [v[:6] for v in on_topic] == ([b'{"n":0'] if not first_write else [])
