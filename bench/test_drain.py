@@ -1,6 +1,6 @@
 """Drain rate of a 200,000-event backlog: the relay vs. a raw idempotent aiokafka producer.
 
-DESIGN §10: 1 KiB payloads, 1,000 keys, 6 partitions; the relay must reach ≥ 0.8 x the
+Target (docs/benchmarks.md): 1 KiB payloads, 1,000 keys, 6 partitions; the relay must reach ≥ 0.8 x the
 raw producer's rate, both measured in this run on this broker. Also: the drain rate with
 two relay instances against one. Prints ratios; asserts nothing about time.
 """

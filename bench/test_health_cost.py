@@ -1,6 +1,6 @@
 """A full health evaluation with 1,000,000 terminal jobs and receipts vs. an empty history.
 
-DESIGN §10: ≤ 2x the cost of an empty history. Terminal history older than the
+Target (docs/benchmarks.md): ≤ 2x the cost of an empty history. Terminal history older than the
 completion_outbox look-back window is what the partial indexes must make free; the
 same one-shot evaluation (``check``/``status``) with the whole history *inside* the window
 is printed too, because that cost grows with the window (the operator's bound). The

@@ -1,4 +1,4 @@
-"""Commit → broker acknowledgement at a steady 1,000 events/s with NOTIFY (DESIGN §10: p99 ≤ 25 ms).
+"""Commit → broker acknowledgement at a steady 1,000 events/s with NOTIFY (target in docs/benchmarks.md: p99 ≤ 25 ms).
 
 The relay runs as ``outbox-relay run`` in its own process. Writers commit single-event
 transactions at a paced rate and note the time COMMIT returned; the topic stamps

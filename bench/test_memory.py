@@ -1,4 +1,4 @@
-"""Relay memory on a 1,000,000-event backlog (DESIGN §10: ≤ 200 MB RSS).
+"""Relay memory on a 1,000,000-event backlog (target in docs/benchmarks.md: ≤ 200 MB RSS).
 
 ``outbox-relay run`` drains the backlog in its own process while its resident set size is
 sampled from /proc; the peak is printed. Memory is bounded by design: one fetch of

@@ -1,4 +1,4 @@
-"""Outbox row → Kafka record: the mapping downstream consumers read (DESIGN §4). Pure."""
+"""Outbox row → Kafka record: the mapping downstream consumers read (README, "What consumers read"). Pure."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from tests.services import PostgresServer
 LEASE_EXPIRY_MS = 1_900_000_000_000
 RETRY_AT_MS = 1_800_000_000_000
 
-# One valid row per state, following UPSTREAM.md's rules for scoring_job_state.
+# One valid row per state, following scoring_job_state's rules (docs/writer.md, "The job table").
 VALID: dict[str, dict[str, Any]] = {
     "queued": {"scoring_state": "queued", "attempt_count": 0, "max_attempts": 3},
     "leased": {

@@ -1,4 +1,4 @@
-"""Delivery and the record format of DESIGN §4, against the real broker."""
+"""Delivery and the record format (README, "What consumers read"), against the real broker."""
 
 from __future__ import annotations
 

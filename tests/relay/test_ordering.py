@@ -55,7 +55,7 @@ async def test_concurrent_writers_keep_each_keys_commit_order(
             for _ in range(per_writer):
                 key = rng.choice(keys)
                 async with conn.transaction():
-                    # Writers of one aggregate serialise on it (the row lock), as DESIGN §4 assumes.
+                    # Writers of one aggregate serialise on it (the row lock), as the ordering guarantee assumes.
                     n = await conn.fetchval(
                         "UPDATE aggregate_version SET n = n + 1 WHERE key = $1 RETURNING n", key
                     )

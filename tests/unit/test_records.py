@@ -1,4 +1,4 @@
-"""Outbox row → Kafka record (DESIGN §4), without any service."""
+"""Outbox row → Kafka record (README, "What consumers read"), without any service."""
 
 from __future__ import annotations
 
