@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.faultproxy import FaultProxy, parse_address
+from tests.support.kafka_paths import ProxyRoute, parse_routes, started_proxies
 
 
 class Upstream:
@@ -118,6 +119,33 @@ def test_parse_address() -> None:
     assert parse_address("127.0.0.1:19094") == ("127.0.0.1", 19094)
     with pytest.raises(ValueError, match="host:port"):
         parse_address("19094")
+
+
+def test_parse_routes() -> None:
+    text = "127.0.0.1:19094>127.0.0.1:9094, 127.0.0.1:19095>127.0.0.1:9095,"
+    assert parse_routes(text) == [
+        ProxyRoute("127.0.0.1:19094", "127.0.0.1:9094"),
+        ProxyRoute("127.0.0.1:19095", "127.0.0.1:9095"),
+    ]
+    assert parse_routes("") == []
+    with pytest.raises(ValueError, match="listen>upstream"):
+        parse_routes("127.0.0.1:19094")
+    with pytest.raises(ValueError, match="host:port"):
+        parse_routes("127.0.0.1:19094>9094")
+
+
+def test_started_proxies_follow_their_routes(upstream: Upstream) -> None:
+    target = f"{upstream.address[0]}:{upstream.address[1]}"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with started_proxies([ProxyRoute(f"127.0.0.1:{port}", target)]) as [proxy]:
+        assert proxy.listen == f"127.0.0.1:{port}"
+        with socket.create_connection(proxy.address) as client:
+            client.sendall(b"route")
+            assert _recv_exactly(client, 5) == b"route"
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
 
 
 def test_forwards_both_ways_and_counts_the_bytes(upstream: Upstream) -> None:
