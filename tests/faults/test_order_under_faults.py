@@ -164,8 +164,11 @@ async def test_hand_over_during_a_slow_send_keeps_key_order(
 
     path_a.stall()
     await writer.commit(("orders", key), ("orders", key))  # r1, r2
-    # A fetched them and asks the broker about the new topic: it is inside the submit.
+    # The fault, first half: A fetched r1, r2 and asks the broker about their new topic on
+    # its stalled path; it is inside the submit, nothing of the key is published yet.
     await path_a.until(lambda c: c.held_up > 0, timeout=10)
+    assert await unpublished(db, key) == 2
+    assert (await lane_owner(db, lane))[0] == "a"
     b = relays.start("b", path_b.listen, **slow)
     await wait_until(
         lambda: _published(db, key, 2), timeout=60, what="r1 and r2 published by another path"
@@ -173,11 +176,13 @@ async def test_hand_over_during_a_slow_send_keeps_key_order(
     await writer.commit(("orders", key))  # r3
     await wait_until(lambda: _published(db, key, 3), timeout=30, what="r3 published")
 
-    # The fault: the lane changed owner while A's requests were held on its stalled path.
+    # The second half: the lane changed owner while A's path was still stalled and A still
+    # ran. (Whether A still held the key's records then is what a fix decides; today it
+    # did, and the held bytes show it.)
     owner, fence = await lane_owner(db, lane)
     assert (owner, fence > fence_a) == ("b", True)
-    assert path_a.counters().held_up > 0
     assert a.process.poll() is None
+    print(f"A's path at the hand-over: {path_a.counters()}")
 
     path_a.heal()
     await asyncio.sleep(3)  # whatever A still had now reaches the broker
@@ -220,8 +225,9 @@ async def test_stalled_path_then_sigterm_keeps_key_order(
 
     path_a.stall()
     await writer.commit(("orders", key))  # r2
+    # The fault, first half: A sent r2 into its stalled path and gives up on it (the
+    # failure is recorded) while its database connection stays healthy.
     await path_a.until(lambda c: c.held_up > 0, timeout=10)
-    # A gives up on the batch (the failure is recorded), while its bytes are still held.
     await wait_until(
         lambda: db.fetchval(
             "SELECT last_error_class IS NOT NULL FROM outbox WHERE aggregateid = $1", key
@@ -234,8 +240,10 @@ async def test_stalled_path_then_sigterm_keeps_key_order(
     await wait_until(lambda: _published(db, key, 2), timeout=30, what="r2 published by B")
     await writer.commit(("orders", key))  # r3
     await wait_until(lambda: _published(db, key, 3), timeout=30, what="r3 published by B")
-    # The fault: the lane changed owner while A's path still held what A had sent.
-    assert path_a.counters().held_up > 0
+    # The fault, second half: the lane changed owner before A's path healed. (Whether
+    # anything A sent is still on that path now is what a fix decides; today it is.)
+    assert (await lane_owner(db, lane))[0] == "b"
+    print(f"A's path after the hand-over: {path_a.counters()}")
     exited_stalled = await a.exited_within(0)
 
     path_a.heal()
@@ -428,11 +436,17 @@ async def test_sigterm_under_a_stalled_path_exits_within_the_drain_timeout(
     if exited is not None:
         assert a.process.returncode == 0
         return
-    later = await a.exited_within(20)
+    stalled_for = 20.0
+    later = await a.exited_within(stalled_for)
     path_a.heal()
-    healed = later or await a.exited_within(45)
+    healed = later or await a.exited_within(stalled_for + 20)
     raise DrainOverrun(
         f"still running {DRAIN_TIMEOUT_S + EXIT_MARGIN_S} s after SIGTERM "
-        f"(drain timeout {DRAIN_TIMEOUT_S} s); exited after {later} s while stalled, "
-        f"{healed} s counting the heal"
+        f"(drain timeout {DRAIN_TIMEOUT_S} s); "
+        + (
+            f"exited after {later:.1f} s"
+            if later is not None
+            else f"still running after {stalled_for} s of stall; exited {healed} s after "
+            f"SIGTERM once the path healed"
+        )
     )
