@@ -22,20 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-POLICY_ALL_DISABLED = """
-[outbox]
-enabled = false
-[scoring_jobs]
-enabled = false
-[completion_outbox]
-enabled = false
-[relay]
-enabled = false
-"""
+# The sidecar runs beside every relay; no health family matters to these tests.
+POLICY_ALL_DISABLED = "".join(
+    f"[{family}]\nenabled = false\n"
+    for family in ("outbox", "scoring_jobs", "completion_outbox", "relay")
+)
 
 # Small leases and timeouts keep every scenario within seconds; each test overrides what
 # its fault needs. The relay's own check holds: lease > 2 x renew + send timeout.
@@ -277,16 +273,20 @@ async def wait_until(
     predicate: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.05
 ) -> None:
     """Poll an (async or sync) predicate until it is truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(interval)
+    try:
+        with anyio.fail_after(timeout):
+            while True:
+                if await _truthy(predicate()):
+                    return
+                await anyio.sleep(interval)
+    except TimeoutError:
+        raise AssertionError(f"not within {timeout} s: {what}") from None
+
+
+async def _truthy(result: Any) -> bool:
+    if asyncio.iscoroutine(result):
+        result = await result
+    return bool(result)
 
 
 # -- the topic as a default consumer reads it ------------------------------------------------

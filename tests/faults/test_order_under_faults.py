@@ -49,6 +49,12 @@ LOWER_LANES = range(32)  # an instance keeps these when a second one joins
 UPPER_LANES = range(32, 64)  # and hands these over
 
 
+def breaks_today(what: str, raises: type[AssertionError] = OrderViolation) -> pytest.MarkDecorator:
+    """Issue 9 on today's code: only ``raises`` counts as the expected failure, and the mark
+    is strict, so the fix turns the test red until the mark goes."""
+    return pytest.mark.xfail(strict=True, raises=raises, reason=f"issue 9: {what}")
+
+
 async def _started(db: asyncpg.Connection, relay: RelayProcess, lanes: int = 64) -> None:
     await wait_until(
         lambda: lanes_held(db, relay.name),
@@ -138,12 +144,38 @@ def _extras(entry: dict[str, object]) -> str:
     return " ".join(f"{k}={v}" for k, v in entry.items() if k not in skip)
 
 
+async def _check_key_order(
+    db: asyncpg.Connection, bootstrap: str, writer: Writer, key: str, *relays: RelayProcess
+) -> None:
+    """Drain, show what the relays said, then check every key of ``key``'s topic."""
+    await _drained(db)
+    for relay in relays:
+        _report(relay.name, relay)
+    topic = writer.topics[key]
+    observed = assert_per_key_order(await read_topic(bootstrap, topic), writer.committed_on(topic))
+    print(f"observed {observed}")
+
+
+async def _too_large_in_quarantine(db: asyncpg.Connection, key: str) -> int:
+    return int(
+        await db.fetchval(
+            "SELECT count(*) FROM outbox WHERE aggregateid = $1 "
+            "AND quarantined_at IS NOT NULL AND last_error_class = 'record_too_large'",
+            key,
+        )
+    )
+
+
+async def _raise_limit_and_redrive(bootstrap: str, topic: str, database_url: str) -> str:
+    """The operator's fix: a topic limit that fits, then ``outbox-relay redrive --all``."""
+    await _set_max_message_bytes(bootstrap, topic, 1_048_576)
+    return redrive_all(database_url)
+
+
 # -- 1 ----------------------------------------------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    raises=OrderViolation,
-    reason="issue 9: a lane is handed over while the old owner is still inside the producer's "
-    "submit (metadata wait), so its stale copies of r1, r2 land after the new owner's r1, r2, r3",
+@breaks_today(
+    "a lane is handed over while the old owner is still inside the producer's "
+    "submit (metadata wait), so its stale copies of r1, r2 land after the new owner's r1, r2, r3"
 )
 async def test_hand_over_during_a_slow_send_keeps_key_order(
     db: asyncpg.Connection,
@@ -186,23 +218,14 @@ async def test_hand_over_during_a_slow_send_keeps_key_order(
 
     path_a.heal()
     await asyncio.sleep(3)  # whatever A still had now reaches the broker
-    await _drained(db)
-    _report("a", a)
-    _report("b", b)
-    topic = writer.topics[key]
-    observed = assert_per_key_order(
-        await read_topic(kafka_bootstrap, topic), writer.committed_on(topic)
-    )
-    print(f"observed {observed}")
+    await _check_key_order(db, kafka_bootstrap, writer, key, a, b)
 
 
 # -- 2 ----------------------------------------------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    raises=OrderViolation,
-    reason="issue 9: on SIGTERM a relay with a stalled broker path hands its lanes back while "
+@breaks_today(
+    "on SIGTERM a relay with a stalled broker path hands its lanes back while "
     "its producer still holds a batch it gave up on; that stale copy lands after the next "
-    "owner's newer events once the path heals",
+    "owner's newer events once the path heals"
 )
 async def test_stalled_path_then_sigterm_keeps_key_order(
     db: asyncpg.Connection,
@@ -250,13 +273,7 @@ async def test_stalled_path_then_sigterm_keeps_key_order(
     exited = await a.exited_within(40)
     print(f"A exited {exited_stalled or exited} s after SIGTERM (drain timeout 3 s)")
     await asyncio.sleep(2)  # what the healed path carried reaches the log
-    await _drained(db)
-    _report("a", a)
-    topic = writer.topics[key]
-    observed = assert_per_key_order(
-        await read_topic(kafka_bootstrap, topic), writer.committed_on(topic)
-    )
-    print(f"observed {observed}")
+    await _check_key_order(db, kafka_bootstrap, writer, key, a)
 
 
 async def _owned_by(db: asyncpg.Connection, lane: int, owner: str) -> bool:
@@ -264,12 +281,10 @@ async def _owned_by(db: asyncpg.Connection, lane: int, owner: str) -> bool:
 
 
 # -- 3 ----------------------------------------------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    raises=OrderViolation,
-    reason="issue 9: the broker rejects r1 (larger than the topic's max.message.bytes) on the "
+@breaks_today(
+    "the broker rejects r1 (larger than the topic's max.message.bytes) on the "
     "producer's first write while r2, r3 of the key are already pipelined; they are published "
-    "and r1 follows after the fix and redrive",
+    "and r1 follows after the fix and redrive"
 )
 async def test_broker_rejection_with_later_records_pipelined_keeps_key_order(
     db: asyncpg.Connection,
@@ -297,33 +312,23 @@ async def test_broker_rejection_with_later_records_pipelined_keeps_key_order(
     )
     # The fault: the broker rejected r1 as too large and it went to quarantine.
     await wait_until(
-        lambda: db.fetchval(
-            "SELECT count(*) = 1 FROM outbox WHERE aggregateid = $1 "
-            "AND quarantined_at IS NOT NULL AND last_error_class = 'record_too_large'",
-            key,
-        ),
+        lambda: _too_large_in_quarantine(db, key),
         timeout=30,
         what="r1 rejected by the broker and quarantined",
     )
+    assert await _too_large_in_quarantine(db, key) == 1
     assert relay.logged("events quarantined")
     await asyncio.sleep(1)  # whatever else the relay would do with the key, it does now
 
-    await _set_max_message_bytes(kafka_bootstrap, topic, 1_048_576)
-    assert "returned 1 quarantined event" in redrive_all(database_url)
-    await _drained(db)
-    _report("a", relay)
-    observed = assert_per_key_order(
-        await read_topic(kafka_bootstrap, topic), writer.committed_on(topic)
-    )
-    print(f"observed {observed}")
+    redriven = await _raise_limit_and_redrive(kafka_bootstrap, topic, database_url)
+    assert "returned 1 quarantined event" in redriven
+    await _check_key_order(db, kafka_bootstrap, writer, key, relay)
 
 
 # -- 4 ----------------------------------------------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    raises=OrderViolation,
-    reason="issue 9: inside one multi-topic submit r1's metadata lookup fails, but r2 of the "
-    "same key (a later lookup) still goes out; r1 follows on retry",
+@breaks_today(
+    "inside one multi-topic submit r1's metadata lookup fails, but r2 of the "
+    "same key (a later lookup) still goes out; r1 follows on retry"
 )
 async def test_failure_inside_a_multi_partition_submit_keeps_key_order(
     db: asyncpg.Connection,
@@ -351,22 +356,14 @@ async def test_failure_inside_a_multi_partition_submit_keeps_key_order(
     assert time.monotonic() - first_asked >= SEND_TIMEOUT_S * 0.9
     path_a.heal()
     await _drained(db)
-    failures = a.logged("publish failed")
-    assert failures, "A recorded no failed publish"
-    _report("a", a)
-    topic = writer.topics["order-1"]
-    observed = assert_per_key_order(
-        await read_topic(kafka_bootstrap, topic), writer.committed_on(topic)
-    )
-    print(f"observed {observed}")
+    assert a.logged("publish failed"), "A recorded no failed publish"
+    await _check_key_order(db, kafka_bootstrap, writer, "order-1", a)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=OrderViolation,
-    reason="issue 9: one submit puts a key's rows into two batches of one partition; the broker "
+@breaks_today(
+    "one submit puts a key's rows into two batches of one partition; the broker "
     "rejects the first (larger than the topic's max.message.bytes) and accepts the second, so "
-    "the later events come first",
+    "the later events come first"
 )
 async def test_rejected_partition_batch_inside_one_submit_keeps_key_order(
     db: asyncpg.Connection,
@@ -385,24 +382,14 @@ async def test_rejected_partition_batch_inside_one_submit_keeps_key_order(
     relay = relays.start("a", kafka_bootstrap, OUTBOX_RELAY_MAX_ATTEMPTS="1")
     # The fault: the broker rejected a partition batch of the key and it went to quarantine.
     await wait_until(
-        lambda: db.fetchval(
-            "SELECT count(*) > 0 FROM outbox WHERE aggregateid = $1 "
-            "AND quarantined_at IS NOT NULL AND last_error_class = 'record_too_large'",
-            key,
-        ),
+        lambda: _too_large_in_quarantine(db, key),
         timeout=30,
         what="a partition batch rejected by the broker and quarantined",
     )
-    await asyncio.sleep(1)
+    await asyncio.sleep(1)  # whatever else the relay would do with the key, it does now
 
-    await _set_max_message_bytes(kafka_bootstrap, topic, 1_048_576)
-    redrive_all(database_url)
-    await _drained(db)
-    _report("a", relay)
-    observed = assert_per_key_order(
-        await read_topic(kafka_bootstrap, topic), writer.committed_on(topic)
-    )
-    print(f"observed {observed}")
+    await _raise_limit_and_redrive(kafka_bootstrap, topic, database_url)
+    await _check_key_order(db, kafka_bootstrap, writer, key, relay)
 
 
 # -- 5 ----------------------------------------------------------------------------------------------
@@ -410,11 +397,10 @@ DRAIN_TIMEOUT_S = 3.0
 EXIT_MARGIN_S = 2.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=DrainOverrun,
-    reason="issue 9: with a stalled broker path the producer's flush on stop has no bound, "
+@breaks_today(
+    "with a stalled broker path the producer's flush on stop has no bound, "
     "so SIGTERM outlives --drain-timeout-ms",
+    raises=DrainOverrun,
 )
 async def test_sigterm_under_a_stalled_path_exits_within_the_drain_timeout(
     db: asyncpg.Connection,

@@ -46,6 +46,7 @@ _CHUNK = 64 * 1024
 _BUFFER_LIMIT = 8 * 1024 * 1024
 _CONNECT_TIMEOUT_S = 2.0
 _CALL_TIMEOUT_S = 10.0
+_POLL_S = 0.02
 
 T = TypeVar("T")
 
@@ -253,13 +254,9 @@ class FaultProxy:
     ) -> ProxyCounters:
         """Block until ``predicate(counters())`` holds; raise TimeoutError with the last ones."""
         deadline = time.monotonic() + timeout
-        while True:
-            counters = self.counters()
-            if predicate(counters):
-                return counters
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"proxy {self.listen}: condition not met; {counters}")
-            time.sleep(0.02)
+        while (counters := self._met(predicate, deadline)) is None:
+            time.sleep(_POLL_S)
+        return counters
 
     async def until(
         self, predicate: Callable[[ProxyCounters], bool], timeout: float = 10.0
@@ -267,12 +264,19 @@ class FaultProxy:
         """``wait_until`` for asyncio tests: polls without blocking the event loop."""
         deadline = time.monotonic() + timeout
         while True:
-            counters = self.counters()
-            if predicate(counters):
+            if (counters := self._met(predicate, deadline)) is not None:
                 return counters
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"proxy {self.listen}: condition not met; {counters}")
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(_POLL_S)
+
+    def _met(
+        self, predicate: Callable[[ProxyCounters], bool], deadline: float
+    ) -> ProxyCounters | None:
+        counters = self.counters()
+        if predicate(counters):
+            return counters
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"proxy {self.listen}: condition not met; {counters}")
+        return None
 
     # -- inside the proxy thread ------------------------------------------------------------
     def _call(self, fn: Callable[[], T]) -> T:
