@@ -422,13 +422,15 @@ async def test_sigterm_under_a_stalled_path_exits_within_the_drain_timeout(
     if exited is not None:
         assert a.process.returncode == 0
         return
-    stalled_for = 20.0
+    # Where it hangs shows in the lanes: still held (the drain) or handed back (the close).
+    lanes_kept = await lanes_held(db, "a")
+    stalled_for = 12.0
     later = await a.exited_within(stalled_for)
     path_a.heal()
     healed = later or await a.exited_within(stalled_for + 20)
     raise DrainOverrun(
         f"still running {DRAIN_TIMEOUT_S + EXIT_MARGIN_S} s after SIGTERM "
-        f"(drain timeout {DRAIN_TIMEOUT_S} s); "
+        f"(drain timeout {DRAIN_TIMEOUT_S} s) holding {lanes_kept} lanes; "
         + (
             f"exited after {later:.1f} s"
             if later is not None
