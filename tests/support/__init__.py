@@ -1,0 +1,1 @@
+"""Test support shared by several test folders: the fault-injection TCP proxy and its fixtures."""
