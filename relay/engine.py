@@ -40,7 +40,7 @@ from relay.outcome import FailedRow, Outcome, sort_outcome
 from relay.producer import ProducerFactory, ProducerKeeper, make_producer
 from relay.publisher import Submission
 from relay.records import KafkaRecord, OutboxRow, RecordMapper, RecordRejected
-from relay.retry import LANE_LOST, backoff_ms
+from relay.retry import HELD_BEHIND_FAILURE, LANE_LOST, backoff_ms
 from relay.store import RelayStore, create_relay_pool
 from relay.wakeups import NotificationListener, WakeUp
 
@@ -375,6 +375,7 @@ class Relay:
         # Until the failure is recorded, the database does not hold the key back yet.
         # Failures found before sending were held back when they were found.
         self._window.hold(row.aggregateid for row, _ in outcome.refused)
+        self._producer.accounted(submission)
         if outcome.producer_broken:
             self._producer.broken = True
         return outcome
@@ -397,7 +398,8 @@ class Relay:
             )
         self._producer.note_outcome(
             published=bool(outcome.published),
-            failed_retriably=any(f.retriable for _, f in failed),
+            # Rows kept back behind another failure say nothing about the broker.
+            failed_retriably=any(f.retriable and f is not HELD_BEHIND_FAILURE for _, f in failed),
         )
 
     async def _record(self, batch: Batch, outcome: Outcome) -> None:
@@ -406,7 +408,11 @@ class Relay:
         failed = outcome.failed
         delays = [
             backoff_ms(
-                self._producer.failure_streak if f.retriable else row.attempts,
+                0
+                if f is HELD_BEHIND_FAILURE
+                else self._producer.failure_streak
+                if f.retriable
+                else row.attempts,
                 base_ms=config.retry_base_ms,
                 cap_ms=config.retry_cap_ms,
                 rng=self._rng,

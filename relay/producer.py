@@ -133,6 +133,11 @@ class ProducerKeeper:
         await self.start(stop)
         self.broken = False
 
+    def accounted(self, submission: Submission) -> None:
+        """The keys of the submission's failures are held back now (BatchPublisher.accounted)."""
+        if self._publisher is not None:
+            self._publisher.accounted(submission)
+
     async def submit(self, records: list[KafkaRecord | None]) -> Submission:
         """Hand records to the current producer (None entries are skipped)."""
         assert self._publisher is not None

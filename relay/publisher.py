@@ -10,7 +10,8 @@ Order within a partition is kept against broker-side rejections too: a partition
 handed to the producer only once the partition's previous batch was acknowledged. If that
 one failed (the broker rejected a record, or the producer was reset), the later batch is
 never sent and fails with :class:`PredecessorFailed`, so its rows are retried after the
-failed ones instead of overtaking them. aiokafka already sends one request per partition
+failed ones instead of overtaking them. That lasts until the caller says it has held back
+the failed keys (:meth:`BatchPublisher.accounted`); batches handed over after that go out. aiokafka already sends one request per partition
 at a time, so this costs the hop between an acknowledgement and the next hand-over.
 Inside one submission, a record that fails (metadata, size) holds back the later records
 of its key: they are not sent and the caller finds them again on its next pass.
@@ -63,6 +64,10 @@ class Submission:
         return [Acknowledgement(sent.members, _answer(sent.future)) for sent in self.batches]
 
 
+def _succeeded(future: asyncio.Future[Any]) -> bool:
+    return not future.cancelled() and future.exception() is None
+
+
 def _answer(future: asyncio.Future[Any]) -> Landed | BaseException:
     if not future.done() or future.cancelled():
         return TimeoutError()
@@ -82,6 +87,8 @@ class BatchPublisher:
         self._partitions: dict[tuple[str, int, bytes], int] = {}
         # The last batch handed over per partition; the next one waits for it.
         self._tails: dict[tuple[str, int], asyncio.Future[Any]] = {}
+        # Failed tails whose rows the caller has already held back (see accounted()).
+        self._accounted: set[asyncio.Future[Any]] = set()
 
     def _partition(self, topic: str, known: list[int], key: bytes) -> int:
         cache_key = (topic, len(known), key)
@@ -137,11 +144,32 @@ class BatchPublisher:
             # asyncio, not anyio: the result is aiokafka's delivery future, awaited by the
             # caller like the producer's own; cancel_pending() owns these tasks' lifetime.
             task = asyncio.ensure_future(
-                self._hand_over(self._tails.get(slot), builder, topic, partition)
+                self._hand_over(self._waits_for(slot), builder, topic, partition)
             )
             self._tails[slot] = task
+            self._accounted.discard(task)
             submission.batches.append(SubmittedBatch(task, members))
         return submission
+
+    def _waits_for(self, slot: tuple[str, int]) -> asyncio.Future[Any] | None:
+        """The batch a new batch of ``slot`` must wait for, if any.
+
+        An unanswered tail: always. A failed tail: until the caller has accounted for it
+        (held its keys back), because a batch fetched before that may carry later records
+        of a failed key. A succeeded or accounted tail: nothing to wait for.
+        """
+        tail = self._tails.get(slot)
+        if tail is None or (tail.done() and (_succeeded(tail) or tail in self._accounted)):
+            return None
+        return tail
+
+    def accounted(self, submission: Submission) -> None:
+        """The caller has held back the keys of this submission's failed batches: later
+        batches of those partitions need not fail behind them any more."""
+        for sent in submission.batches:
+            if sent.future in self._tails.values():
+                self._accounted.add(sent.future)
+        self._accounted.intersection_update(self._tails.values())
 
     async def _hand_over(
         self, previous: asyncio.Future[Any] | None, builder: Any, topic: str, partition: int
@@ -159,6 +187,7 @@ class BatchPublisher:
         for task in self._tails.values():
             task.cancel()
         self._tails.clear()
+        self._accounted.clear()
 
     @staticmethod
     def _append(builder: Any, record: KafkaRecord) -> bool:

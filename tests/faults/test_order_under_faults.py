@@ -7,10 +7,9 @@ connection stays healthy. Every scenario first proves its fault happened, then d
 everything, reads the topic as a default consumer does and checks each key: first
 occurrences (by ``id``) in commit order, and the last record is the latest committed event.
 
-Scenarios that break today are marked ``xfail(strict=True, raises=OrderViolation)`` (or
-``DrainOverrun``): only the order check itself may fail, anything else (a fault that did
-not happen, a timeout on the way) fails the test; and a fix that makes them pass turns
-them red until the marker goes.
+Each scenario failed on the relay before the issue-9 fix (the comment above it says how: the
+order the topic read); relay/producer_reset.py and the publisher's per-partition hand-over
+are what make them pass (docs/relay.md, "Guarantees and their limits").
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from tests.faults.harness import (
     DrainOverrun,
-    OrderViolation,
     RelayProcess,
     Relays,
     Writer,
@@ -47,12 +45,6 @@ pytestmark = pytest.mark.timeout(120)
 SEND_TIMEOUT_S = 3.0  # FAST_RELAY's send (and Kafka request) timeout
 LOWER_LANES = range(32)  # an instance keeps these when a second one joins
 UPPER_LANES = range(32, 64)  # and hands these over
-
-
-def breaks_today(what: str, raises: type[AssertionError] = OrderViolation) -> pytest.MarkDecorator:
-    """Issue 9 on today's code: only ``raises`` counts as the expected failure, and the mark
-    is strict, so the fix turns the test red until the mark goes."""
-    return pytest.mark.xfail(strict=True, raises=raises, reason=f"issue 9: {what}")
 
 
 async def _started(db: asyncpg.Connection, relay: RelayProcess, lanes: int = 64) -> None:
@@ -173,10 +165,10 @@ async def _raise_limit_and_redrive(bootstrap: str, topic: str, database_url: str
 
 
 # -- 1 ----------------------------------------------------------------------------------------------
-@breaks_today(
-    "a lane is handed over while the old owner is still inside the producer's "
-    "submit (metadata wait), so its stale copies of r1, r2 land after the new owner's r1, r2, r3"
-)
+# Broke before the issue-9 fix: a lane is handed over while the old owner is still inside the
+# producer's submit (metadata wait), so its stale copies of r1, r2 land after the new owner's
+# r1, r2, r3
+# (the topic read 1, 2, 3, 1, 2.)
 async def test_hand_over_during_a_slow_send_keeps_key_order(
     db: asyncpg.Connection,
     kafka_bootstrap: str,
@@ -222,11 +214,10 @@ async def test_hand_over_during_a_slow_send_keeps_key_order(
 
 
 # -- 2 ----------------------------------------------------------------------------------------------
-@breaks_today(
-    "on SIGTERM a relay with a stalled broker path hands its lanes back while "
-    "its producer still holds a batch it gave up on; that stale copy lands after the next "
-    "owner's newer events once the path heals"
-)
+# Broke before the issue-9 fix: on SIGTERM a relay with a stalled broker path hands its lanes
+# back while its producer still holds a batch it gave up on; that stale copy lands after the
+# next owner's newer events once the path heals
+# (the topic read 1, 2, 3, 2.)
 async def test_stalled_path_then_sigterm_keeps_key_order(
     db: asyncpg.Connection,
     kafka_bootstrap: str,
@@ -281,11 +272,10 @@ async def _owned_by(db: asyncpg.Connection, lane: int, owner: str) -> bool:
 
 
 # -- 3 ----------------------------------------------------------------------------------------------
-@breaks_today(
-    "the broker rejects r1 (larger than the topic's max.message.bytes) on the "
-    "producer's first write while r2, r3 of the key are already pipelined; they are published "
-    "and r1 follows after the fix and redrive"
-)
+# Broke before the issue-9 fix: the broker rejects r1 (larger than the topic's
+# max.message.bytes) on the producer's first write while r2, r3 of the key are already
+# pipelined; they are published and r1 follows after the fix and redrive
+# (the topic read 2, 3, 1.)
 async def test_broker_rejection_with_later_records_pipelined_keeps_key_order(
     db: asyncpg.Connection,
     database_url: str,
@@ -326,10 +316,9 @@ async def test_broker_rejection_with_later_records_pipelined_keeps_key_order(
 
 
 # -- 4 ----------------------------------------------------------------------------------------------
-@breaks_today(
-    "inside one multi-topic submit r1's metadata lookup fails, but r2 of the "
-    "same key (a later lookup) still goes out; r1 follows on retry"
-)
+# Broke before the issue-9 fix: inside one multi-topic submit r1's metadata lookup fails, but
+# r2 of the same key (a later lookup) still goes out; r1 follows on retry
+# (the topic read 2, 1.)
 async def test_failure_inside_a_multi_partition_submit_keeps_key_order(
     db: asyncpg.Connection,
     kafka_bootstrap: str,
@@ -360,11 +349,10 @@ async def test_failure_inside_a_multi_partition_submit_keeps_key_order(
     await _check_key_order(db, kafka_bootstrap, writer, "order-1", a)
 
 
-@breaks_today(
-    "one submit puts a key's rows into two batches of one partition; the broker "
-    "rejects the first (larger than the topic's max.message.bytes) and accepts the second, so "
-    "the later events come first"
-)
+# Broke before the issue-9 fix: one submit puts a key's rows into two batches of one
+# partition; the broker rejects the first (larger than the topic's max.message.bytes) and
+# accepts the second, so the later events come first
+# (the topic read 13, 14, 1, ..., 12.)
 async def test_rejected_partition_batch_inside_one_submit_keeps_key_order(
     db: asyncpg.Connection,
     database_url: str,
@@ -397,11 +385,9 @@ DRAIN_TIMEOUT_S = 3.0
 EXIT_MARGIN_S = 2.0
 
 
-@breaks_today(
-    "with a stalled broker path the producer's flush on stop has no bound, "
-    "so SIGTERM outlives --drain-timeout-ms",
-    raises=DrainOverrun,
-)
+# Broke before the issue-9 fix: with a stalled broker path the producer's flush on stop has no
+# bound, so SIGTERM outlives --drain-timeout-ms
+# (the relay was still running 12 s after SIGTERM with a 3 s drain timeout.)
 async def test_sigterm_under_a_stalled_path_exits_within_the_drain_timeout(
     db: asyncpg.Connection,
     kafka_proxies: list[FaultProxy],
