@@ -55,6 +55,7 @@ class HealthSidecar:
         relay: RelayProbe | None = None,
         receipt_retention_ms: int | None = None,
         http_io_timeout: float = 2.0,
+        http_max_connections: int = 256,
     ) -> None:
         self._database_url = database_url
         self._policy = policy
@@ -64,7 +65,12 @@ class HealthSidecar:
         settings = policy.evaluation
         self._interval = settings.interval_ms / 1000
         self._timeout = settings.timeout_ms / 1000
-        self._server = HTTPServer(listen, self._handle, io_timeout=http_io_timeout)
+        self._server = HTTPServer(
+            listen,
+            self._handle,
+            io_timeout=http_io_timeout,
+            max_connections=http_max_connections,
+        )
         self._counters = HealthCounters()
         self._collector = HealthCollector(self.report, self._counters, policy.enabled_families())
         self._pool: asyncpg.Pool | None = None
