@@ -7,6 +7,8 @@ with it. Times are unix milliseconds, rounded (not truncated) as the scoring ser
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncpg
 
 from health.errors import ProbeFailure
@@ -42,7 +44,11 @@ def probe_failure(exc: BaseException) -> ProbeFailure:
     if isinstance(exc, ProbeFailure):
         return exc
     if isinstance(exc, asyncpg.UndefinedTableError):
-        return ProbeFailure("a table the probe reads is missing (42P01)")
+        # Nearly always a database the schema was never applied to (or a migration job
+        # still running): say what fixes it.
+        return ProbeFailure(
+            "a table the probe reads is missing (42P01): run `outbox-relay migrate`"
+        )
     if isinstance(exc, asyncpg.UndefinedColumnError):
         return ProbeFailure("a column the probe reads is missing (42703)")
     if isinstance(exc, asyncpg.InsufficientPrivilegeError):
@@ -104,3 +110,30 @@ async def fetch_probe_rows(
     except DB_ERRORS as exc:
         raise probe_failure(exc) from exc
     return rows
+
+
+def without_newest(
+    row: asyncpg.Record, newest: str, *, oldest: str | None = None
+) -> dict[str, Any]:
+    """The probe row minus its ``newest`` guard column, once that time is not in the future.
+
+    A family's evidence carries the *oldest* time it judges an age by, but its counts and
+    windows read every row's time: one row stamped in the future (a writer's clock, a
+    back-dated import) would be counted, or fall outside a window, without a trace. So each
+    probe also reads the newest such time; one later than the observation time makes the
+    family unknown (fail closed), as the oldest one would. When the ``oldest`` time is
+    itself in the future the classification says so already, with the evidence shown.
+    """
+    values = dict(row)
+    newest_value = values.pop(newest)
+    observed = values.get("observed_at_unix_ms")
+    if newest_value is None or not isinstance(observed, int):
+        return values  # nothing stored, or no clock: the classification says so
+    oldest_value = values.get(oldest) if oldest is not None else None
+    if oldest_value is not None and oldest_value > observed:
+        return values
+    if newest_value > observed:
+        raise ProbeFailure(
+            f"{newest} is {newest_value - observed} ms later than the observation time"
+        )
+    return values

@@ -39,8 +39,20 @@ import asyncpg
 
 from contracts.health import CompletionOutboxEvidence
 from contracts.policy import CompletionOutboxPolicy
-from health.families.completion_outbox import TERMINAL_JOB_WITHOUT_EVENT, probe_completion_outbox
-from health.probing import CLOCK, fetch_probe, fetch_probe_rows, unix_ms, unix_us
+from health.families.completion_outbox import (
+    NEWEST_TERMINAL,
+    NEWEST_TERMINAL_FIELD,
+    TERMINAL_JOB_WITHOUT_EVENT,
+    probe_completion_outbox,
+)
+from health.probing import (
+    CLOCK,
+    fetch_probe,
+    fetch_probe_rows,
+    unix_ms,
+    unix_us,
+    without_newest,
+)
 
 MAX_REMEMBERED = 10_000
 """Over this many missing jobs the family is far out of bounds: fall back to the full check."""
@@ -62,8 +74,10 @@ SELECT clock.now_ms AS observed_at_unix_ms,
        open.oldest_xact_start_us,
        open.hidden_count,
        (SELECT count(*) FROM pg_catalog.pg_prepared_xacts
-        WHERE database = current_database()) AS prepared_count
+        WHERE database = current_database()) AS prepared_count,
+       newest.newest_terminal_updated_at_unix_ms
 FROM clock
+{NEWEST_TERMINAL}
 CROSS JOIN (
     SELECT {unix_us("min(activity.xact_start)")}
                AS oldest_xact_start_us,
@@ -185,7 +199,7 @@ class CompletionTracker:
         if conn.is_in_transaction():
             # One snapshot for both statements would defeat the horizon read.
             return await self._full(conn, policy, receipt_retention_ms)
-        horizon = await fetch_probe(conn, COMPLETION_HORIZON)
+        horizon = without_newest(await fetch_probe(conn, COMPLETION_HORIZON), NEWEST_TERMINAL_FIELD)
         clock_us: int = horizon["clock_us"]
         if horizon["hidden_count"] or horizon["prepared_count"]:
             return await self._full(conn, policy, receipt_retention_ms)
