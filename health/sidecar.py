@@ -16,7 +16,7 @@ from contracts import __version__
 from contracts.health import Classification, HealthReport
 from contracts.policy import Policy
 from health.evaluate import evaluate, unknown_report
-from health.families.completion_tracker import CompletionTracker
+from health.families.completion_tracker import RECHECK_PERIOD_MS, CompletionTracker
 from health.http import HTTPServer, Request, Response, problem
 from health.metrics import HealthCollector, HealthCounters
 from health.render import encode_json, health_document, report_status, status_page
@@ -56,6 +56,7 @@ class HealthSidecar:
         receipt_retention_ms: int | None = None,
         http_io_timeout: float = 2.0,
         http_max_connections: int = 256,
+        completion_recheck_period_ms: int = RECHECK_PERIOD_MS,
     ) -> None:
         self._database_url = database_url
         self._policy = policy
@@ -75,7 +76,7 @@ class HealthSidecar:
         self._collector = HealthCollector(self.report, self._counters, policy.enabled_families())
         self._pool: asyncpg.Pool | None = None
         # Incremental completion_outbox state: in memory only, never logged or served.
-        self._completion = CompletionTracker()
+        self._completion = CompletionTracker(recheck_period_ms=completion_recheck_period_ms)
         self._last: tuple[HealthReport, float] | None = None
         self._last_tick: float | None = None
         self._evaluated = asyncio.Condition()
