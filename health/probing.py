@@ -39,16 +39,30 @@ WITH clock AS (
 CONNECT_ERRORS: tuple[type[BaseException], ...] = (*DB_ERRORS, ValueError)
 
 
+# What the server answers when it will not open a session: these are never a probe's fault.
+_CONNECT_REFUSALS: tuple[type[BaseException], ...] = (
+    asyncpg.InvalidPasswordError,
+    asyncpg.InvalidAuthorizationSpecificationError,
+    asyncpg.InvalidCatalogNameError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.CannotConnectNowError,
+)
+
+NOT_MIGRATED = "a table the probe reads is missing (42P01): run `outbox-relay migrate`"
+"""The reason a probe gives when its table is missing: nearly always an unmigrated database
+(or a migration job still running)."""
+
+
 def probe_failure(exc: BaseException) -> ProbeFailure:
     """Map a driver error to a :class:`ProbeFailure` whose reason carries no driver text."""
     if isinstance(exc, ProbeFailure):
         return exc
+    if isinstance(exc, _CONNECT_REFUSALS):
+        # The server refused the session itself (password, database, capacity): a reason
+        # about reaching the database, not about a probe.
+        return ProbeFailure(f"database unavailable: {unavailable_cause(exc)}")
     if isinstance(exc, asyncpg.UndefinedTableError):
-        # Nearly always a database the schema was never applied to (or a migration job
-        # still running): say what fixes it.
-        return ProbeFailure(
-            "a table the probe reads is missing (42P01): run `outbox-relay migrate`"
-        )
+        return ProbeFailure(NOT_MIGRATED)
     if isinstance(exc, asyncpg.UndefinedColumnError):
         return ProbeFailure("a column the probe reads is missing (42703)")
     if isinstance(exc, asyncpg.InsufficientPrivilegeError):
