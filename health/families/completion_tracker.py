@@ -120,15 +120,23 @@ CROSS JOIN (
 # [$7, $8) below the watermark (at most $5 rows). Bounds are unix microseconds, exactly
 # the database's timestamp precision, so the window is the full check's to the microsecond.
 _EPOCH = "timestamptz 'epoch' + {}::bigint * interval '1 microsecond'"
-COMPLETION_INCREMENT = f"""
+
+
+def _missing_between(lower: str, upper: str, settled: str) -> str:
+    """SQL: at most $5 terminal jobs without an event with ``updated_at`` in [lower, upper)."""
+    return f"""
 (SELECT job.scoring_job_ref AS ref,
-        job.updated_at < {_EPOCH.format("$3")} AS settled,
+        {settled} AS settled,
         {unix_ms("job.updated_at")} AS updated_at_unix_ms
  FROM scoring_job_state AS job
- WHERE job.updated_at >= {_EPOCH.format("$1")}
-   AND job.updated_at < {_EPOCH.format("$2")}
+ WHERE job.updated_at >= {_EPOCH.format(lower)}
+   AND job.updated_at < {_EPOCH.format(upper)}
    AND {TERMINAL_JOB_WITHOUT_EVENT}
- LIMIT $5)
+ LIMIT $5)"""
+
+
+COMPLETION_INCREMENT = f"""
+{_missing_between("$1", "$2", f"job.updated_at < {_EPOCH.format('$3')}")}
 UNION ALL
 (SELECT job.scoring_job_ref AS ref,
         true AS settled,
@@ -139,14 +147,7 @@ UNION ALL
    AND job.updated_at < {_EPOCH.format("$2")}
    AND {TERMINAL_JOB_WITHOUT_EVENT})
 UNION ALL
-(SELECT job.scoring_job_ref AS ref,
-        true AS settled,
-        {unix_ms("job.updated_at")} AS updated_at_unix_ms
- FROM scoring_job_state AS job
- WHERE job.updated_at >= {_EPOCH.format("$7")}
-   AND job.updated_at < {_EPOCH.format("$8")}
-   AND {TERMINAL_JOB_WITHOUT_EVENT}
- LIMIT $5)
+{_missing_between("$7", "$8", "true")}
 """
 
 
