@@ -12,7 +12,7 @@ from health.errors import ProbeFailure
 from health.families import REGISTRY
 from health.families.base import ProbeContext
 from health.families.completion_tracker import CompletionTracker
-from health.probing import CONNECT_ERRORS, probe_failure
+from health.probing import CONNECT_ERRORS, connect_failure
 from health.rules import build_report
 
 
@@ -115,6 +115,6 @@ async def evaluate_pool(
     except CONNECT_ERRORS as exc:
         if completion is not None:
             completion.reset()
-        reason = probe_failure(exc).reason
+        reason = connect_failure(exc)
         return unknown_report(policy, reason), reason
     return report, None

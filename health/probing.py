@@ -35,32 +35,27 @@ WITH clock AS (
 
 
 # What acquiring a connection may raise on top of the driver's errors: asyncpg's DSN
-# parser raises ValueError. Each maps to a reason through probe_failure().
+# parser raises ValueError. Each maps to a reason through connect_failure().
 CONNECT_ERRORS: tuple[type[BaseException], ...] = (*DB_ERRORS, ValueError)
 
-
-# What the server answers when it will not open a session: these are never a probe's fault.
-_CONNECT_REFUSALS: tuple[type[BaseException], ...] = (
-    asyncpg.InvalidPasswordError,
-    asyncpg.InvalidAuthorizationSpecificationError,
-    asyncpg.InvalidCatalogNameError,
-    asyncpg.TooManyConnectionsError,
-    asyncpg.CannotConnectNowError,
-)
 
 NOT_MIGRATED = "a table the probe reads is missing (42P01): run `outbox-relay migrate`"
 """The reason a probe gives when its table is missing: nearly always an unmigrated database
 (or a migration job still running)."""
 
 
+def connect_failure(exc: BaseException) -> str:
+    """Why no connection could be had, without driver text: the reason every family gets."""
+    if isinstance(exc, ValueError):  # asyncpg's DSN parser
+        return "database URL could not be parsed"
+    # Timeouts included: a connection attempt that timed out says nothing about a probe.
+    return f"database unavailable: {unavailable_cause(exc)}"
+
+
 def probe_failure(exc: BaseException) -> ProbeFailure:
     """Map a driver error to a :class:`ProbeFailure` whose reason carries no driver text."""
     if isinstance(exc, ProbeFailure):
         return exc
-    if isinstance(exc, _CONNECT_REFUSALS):
-        # The server refused the session itself (password, database, capacity): a reason
-        # about reaching the database, not about a probe.
-        return ProbeFailure(f"database unavailable: {unavailable_cause(exc)}")
     if isinstance(exc, asyncpg.UndefinedTableError):
         return ProbeFailure(NOT_MIGRATED)
     if isinstance(exc, asyncpg.UndefinedColumnError):

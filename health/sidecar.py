@@ -119,7 +119,10 @@ class HealthSidecar:
                 self._database_url,
                 min_size=0,
                 max_size=_POOL_SIZE,
-                timeout=self._timeout,
+                # Connecting gets half the evaluation's budget: a database that never
+                # answers is then named (unavailable: timed out) and backed off, instead
+                # of the whole evaluation timing out on the connection attempt.
+                timeout=self._timeout / 2,
                 command_timeout=self._timeout,
                 server_settings={
                     "application_name": "outbox-relay-health",

@@ -31,11 +31,13 @@ FAST = loose_policy(
 
 class PostgresRelay:
     """A TCP relay to a real PostgreSQL that counts connections; while ``down`` it accepts
-    and resets each one at once (a server that is not there yet, as seen by the client)."""
+    and resets each one at once (a server that is not there yet, as seen by the client);
+    while ``silent`` it accepts and never answers (a firewall that drops packets)."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
         self.down = True
+        self.silent = False
         self.connections = 0
         self._server: asyncio.Server | None = None
         self._pipes: set[asyncio.Task[None]] = set()
@@ -59,13 +61,15 @@ class PostgresRelay:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
-        if self.down:
+        if self.down and not self.silent:
             writer.transport.abort()
             return
         task = asyncio.current_task()
         assert task is not None
         self._pipes.add(task)
         try:
+            if self.silent:
+                await asyncio.sleep(3600)
             up_reader, up_writer = await asyncio.open_connection(*self.target)
             await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
         except (OSError, asyncio.CancelledError):
@@ -225,6 +229,32 @@ async def test_unmigrated_database_says_to_migrate_then_recovers_once_migrated(
         assert (await get(sidecar.address, "/readyz")).status == 200
     assert state_lines(caplog) == [
         "health database is not migrated: run `outbox-relay migrate`;"
+        f" retrying with back-off up to {RETRY_MAX_MS / 1000:g} s",
+        "health database reachable again",
+    ]
+
+
+async def test_a_database_that_never_answers_is_unavailable_not_a_timed_out_evaluation(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The connection attempt must give up inside the evaluation's budget, so the outage
+    # is named and backed off like any other.
+    caplog.set_level(logging.INFO)
+    policy = loose_policy(
+        evaluation=EvaluationSettings(interval_ms=100, timeout_ms=1000, max_evidence_age_ms=5000)
+    )
+    async with relayed(database_url) as relay:
+        relay.silent = True
+        url = through(database_url, relay.port)
+        async with running(url, policy, database_retry_max_ms=RETRY_MAX_MS) as sidecar:
+            assert (await get(sidecar.address, "/livez")).status == 200
+            document = json.loads((await get(sidecar.address, "/health")).body)
+            verdict = document["checks"]["outbox:classification"][0]
+            assert verdict["reasons"] == ["database unavailable: timed out"]
+            relay.silent, relay.down = False, False
+            await wait_for(sidecar, "within_bounds", within_s=RETRY_MAX_MS / 1000 + 4)
+    assert state_lines(caplog) == [
+        "health database unavailable: timed out;"
         f" retrying with back-off up to {RETRY_MAX_MS / 1000:g} s",
         "health database reachable again",
     ]
