@@ -8,7 +8,7 @@ from contracts import __version__
 from contracts.health import Classification, HealthReport
 from contracts.policy import Policy
 from health.evaluate import evaluate, unknown_report
-from health.probing import CONNECT_ERRORS, probe_failure
+from health.probing import CONNECT_ERRORS, connect_failure
 from health.render import encode_json, health_document, status_table
 
 # monitoring-plugins convention: OK, CRITICAL, UNKNOWN.
@@ -39,7 +39,7 @@ async def evaluate_once(
             },
         )
     except CONNECT_ERRORS as exc:
-        return unknown_report(policy, probe_failure(exc).reason)
+        return unknown_report(policy, connect_failure(exc))
     try:
         return await evaluate(conn, policy, receipt_retention_ms=receipt_retention_ms)
     finally:

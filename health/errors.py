@@ -19,3 +19,7 @@ class ProbeFailure(HealthError):
 
 class ListenError(HealthError, ConfigError):
     """The HTTP listen address could not be bound; the message names the address and cause."""
+
+
+class HealthSettingError(HealthError, ConfigError):
+    """A health setting given by the operator is out of range; the message names it."""

@@ -12,7 +12,7 @@ from health.errors import ProbeFailure
 from health.families import REGISTRY
 from health.families.base import ProbeContext
 from health.families.completion_tracker import CompletionTracker
-from health.probing import CONNECT_ERRORS, probe_failure
+from health.probing import CONNECT_ERRORS, connect_failure
 from health.rules import build_report
 
 
@@ -38,6 +38,11 @@ def unknown_report(policy: Policy, reason: str) -> HealthReport:
         for family in policy.enabled_families()
     ]
     return build_report(results, _now_unix_ms())
+
+
+def reissue(report: HealthReport) -> HealthReport:
+    """The same results stamped now: what the sidecar serves between database retries."""
+    return build_report(report.families, _now_unix_ms())
 
 
 async def evaluate_connection(
@@ -85,24 +90,31 @@ async def evaluate(
 ) -> HealthReport:
     """One full evaluation on a connection or a pool; an unreachable database is all-unknown."""
     if isinstance(source, asyncpg.Pool):
-        return await _with_pool(source, policy, receipt_retention_ms, completion)
+        report, _unreachable = await evaluate_pool(
+            source, policy, receipt_retention_ms=receipt_retention_ms, completion=completion
+        )
+        return report
     return await evaluate_connection(
         source, policy, receipt_retention_ms=receipt_retention_ms, completion=completion
     )
 
 
-async def _with_pool(
+async def evaluate_pool(
     pool: asyncpg.Pool,
     policy: Policy,
+    *,
     receipt_retention_ms: int | None,
-    completion: CompletionTracker | None,
-) -> HealthReport:
+    completion: CompletionTracker | None = None,
+) -> tuple[HealthReport, str | None]:
+    """One evaluation on a pool connection, and why no connection could be had (else None)."""
     try:
         async with pool.acquire() as conn:
-            return await evaluate_connection(
+            report = await evaluate_connection(
                 conn, policy, receipt_retention_ms=receipt_retention_ms, completion=completion
             )
     except CONNECT_ERRORS as exc:
         if completion is not None:
             completion.reset()
-        return unknown_report(policy, probe_failure(exc).reason)
+        reason = connect_failure(exc)
+        return unknown_report(policy, reason), reason
+    return report, None

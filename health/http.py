@@ -1,10 +1,23 @@
 """A small HTTP/1.1 server for probes: one request per connection, bounded in size and time.
 
 h11 does the parsing (a well-kept, sans-I/O parser); this module adds the limits the
-orchestrator-facing surface needs: a request head of at most ``max_request_bytes``, a
-deadline for reading it and one for writing the answer, a cap on open connections, and
-problem+json bodies for every error. A misbehaving client is answered or dropped; the
-server keeps serving.
+orchestrator-facing surface needs: a request (head and any body) of at most
+``max_request_bytes``, a deadline for reading it and one for writing the answer, a cap on
+open connections, and problem+json bodies for every error. A misbehaving client is
+answered or dropped; the server keeps serving.
+
+**The cap evicts, it does not refuse.** A connection that has not delivered its request
+yet costs the server nothing but a socket, and an orchestrator's probe is exactly such a
+connection for its first milliseconds. So when a new connection would go over the cap,
+the *oldest connection still waiting for its request* is closed to make room; only when
+every open connection is busy answering (each for at most two I/O deadlines) is the new
+one refused. Idle sockets or a connection flood therefore push out each other, never a
+probe that sends its request promptly: a probe is evicted only if ``max_connections``
+newer connections arrive before its request does.
+
+Kept on h11 rather than a general server (uvicorn, hypercorn): their connection limit
+answers 503 to everything over it, which fails the very probes this must keep serving,
+and none closes idle connections first; the eviction above is a few lines here.
 """
 
 from __future__ import annotations
@@ -16,17 +29,20 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Self
+from urllib.parse import urlsplit
 
 import h11
 import msgspec
 
-from health.errors import ListenError
+from health.errors import HealthSettingError, ListenError
 
 logger = logging.getLogger("health.http")
 
 PROBLEM_JSON = "application/problem+json"
 ALLOWED_METHODS = ("GET", "HEAD")
 _READ_CHUNK = 4096
+_LINGER_BYTES = 65536
+"""At most this much unread input is discarded after answering, so the close is clean."""
 _TITLES = {
     400: "Bad Request",
     404: "Not Found",
@@ -87,15 +103,21 @@ class HTTPServer:
         *,
         max_request_bytes: int = 8192,
         io_timeout: float = 2.0,
-        max_connections: int = 64,
+        max_connections: int = 256,
     ) -> None:
+        if max_connections < 1:
+            raise HealthSettingError("the HTTP connection cap must be at least 1")
         self._listen = listen
         self._handler = handler
         self._max_request_bytes = max_request_bytes
         self._io_timeout = io_timeout
-        self._slots = asyncio.Semaphore(max_connections)
+        self._max_connections = max_connections
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        # Connections still waiting for their request, oldest first: the ones to evict.
+        self._waiting: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        # Connections answering a request; never evicted (each is bounded by io_timeout).
+        self._answering: set[asyncio.Task[None]] = set()
 
     @property
     def address(self) -> tuple[str, int]:
@@ -141,30 +163,46 @@ class HTTPServer:
         await self._server.serve_forever()
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._waiting) + len(self._answering) >= self._max_connections:
+            if not self._waiting:
+                # Every slot is answering a request: refuse rather than queue.
+                writer.transport.abort()
+                return
+            # The oldest connection that has not sent its request makes room.
+            self._waiting.pop(next(iter(self._waiting))).transport.abort()
         task = asyncio.get_running_loop().create_task(
             self._connection(reader, writer), name="health-http-connection"
         )
+        self._waiting[task] = writer
         self._connections.add(task)
-        task.add_done_callback(self._connections.discard)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._connections.discard(task)
+        self._waiting.pop(task, None)
+        self._answering.discard(task)
+
+    def _admit(self) -> bool:
+        """Move this connection from waiting to answering; False when it was evicted."""
+        task = asyncio.current_task()
+        if task is None or self._waiting.pop(task, None) is None:
+            return False
+        self._answering.add(task)
+        return True
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._slots.locked():
-            # Over the cap: close at once rather than queue, so a flood cannot pile up.
+        try:
+            await self._exchange(reader, writer)
+        except (TimeoutError, ConnectionError, h11.LocalProtocolError):
+            # Too slow or gone: drop without flushing anything further.
             writer.transport.abort()
-            return
-        async with self._slots:
-            try:
-                await self._exchange(reader, writer)
-            except (TimeoutError, ConnectionError, h11.LocalProtocolError):
-                # Too slow or gone: drop without flushing anything further.
-                writer.transport.abort()
-            except Exception as exc:
-                # Type only: a message could carry request bytes.
-                logger.error("health HTTP connection failed: %s", type(exc).__name__)
-                writer.transport.abort()
-            else:
-                # The answer is already drained to the kernel, so closing cannot linger.
-                writer.close()
+        except Exception as exc:
+            # Type only: a message could carry request bytes.
+            logger.error("health HTTP connection failed: %s", type(exc).__name__)
+            writer.transport.abort()
+        else:
+            # The answer is already drained to the kernel, so closing cannot linger.
+            writer.close()
 
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self._max_request_bytes)
@@ -172,10 +210,11 @@ class HTTPServer:
             async with asyncio.timeout(self._io_timeout):
                 request = await self._read_request(conn, reader)
         except h11.RemoteProtocolError:
-            if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            if self._admit() and conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                 await self._send(conn, writer, problem(400, "malformed or oversized request"))
+                await self._linger(conn, reader, writer)
             return
-        if request is None:
+        if request is None or not self._admit():
             return
         if request.method not in ALLOWED_METHODS:
             response = problem(
@@ -190,11 +229,34 @@ class HTTPServer:
                 logger.error("health HTTP handler failed: %s", type(exc).__name__)
                 response = problem(500, "internal error")
         await self._send(conn, writer, response, head=request.method == "HEAD")
+        await self._linger(conn, reader, writer)
+
+    async def _linger(
+        self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        # Closing a socket with unread input makes the kernel send a reset, which can
+        # destroy the answer before the client reads it. When the client may still be
+        # sending (a refused body), half-close and discard what arrives, bounded in
+        # bytes and time, so the close is an orderly one.
+        if conn.their_state in (h11.DONE, h11.CLOSED, h11.MUST_CLOSE) or reader.at_eof():
+            return
+        if writer.can_write_eof():
+            writer.write_eof()
+        discarded = 0
+        async with asyncio.timeout(self._io_timeout):
+            while discarded < _LINGER_BYTES:
+                data = await reader.read(_READ_CHUNK)
+                if not data:
+                    return
+                discarded += len(data)
 
     async def _read_request(
         self, conn: h11.Connection, reader: asyncio.StreamReader
     ) -> Request | None:
+        # The whole request, body included: a GET may carry one (it is read and ignored),
+        # and an answer sent before it is read would be lost to a reset at close.
         received = 0
+        request: Request | None = None
         while True:
             event = conn.next_event()
             if event is h11.NEED_DATA:
@@ -205,10 +267,15 @@ class HTTPServer:
                 conn.receive_data(data)  # b"" marks end of stream
                 continue
             if isinstance(event, h11.Request):
-                return _request(event)
-            if isinstance(event, h11.ConnectionClosed):
+                request = _request(event)
+            elif isinstance(event, h11.Data):
+                continue
+            elif isinstance(event, h11.EndOfMessage):
+                return request
+            elif isinstance(event, h11.ConnectionClosed):
                 return None
-            raise h11.RemoteProtocolError("unexpected event")
+            else:
+                raise h11.RemoteProtocolError("unexpected event")
 
     async def _send(
         self,
@@ -237,5 +304,9 @@ class HTTPServer:
 
 def _request(event: h11.Request) -> Request:
     target = event.target.decode("ascii", "replace")
-    path = target.split("?", 1)[0].split("#", 1)[0]
+    if target.startswith(("http://", "https://")):
+        # Absolute form (RFC 9112 3.2.2), as proxies send it: only the path matters here.
+        path = urlsplit(target).path or "/"
+    else:
+        path = target.split("?", 1)[0].split("#", 1)[0]
     return Request(method=event.method.decode("ascii", "replace"), path=path)

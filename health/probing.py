@@ -7,6 +7,8 @@ with it. Times are unix milliseconds, rounded (not truncated) as the scoring ser
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncpg
 
 from health.errors import ProbeFailure
@@ -33,8 +35,21 @@ WITH clock AS (
 
 
 # What acquiring a connection may raise on top of the driver's errors: asyncpg's DSN
-# parser raises ValueError. Each maps to a reason through probe_failure().
+# parser raises ValueError. Each maps to a reason through connect_failure().
 CONNECT_ERRORS: tuple[type[BaseException], ...] = (*DB_ERRORS, ValueError)
+
+
+NOT_MIGRATED = "a table the probe reads is missing (42P01): run `outbox-relay migrate`"
+"""The reason a probe gives when its table is missing: nearly always an unmigrated database
+(or a migration job still running)."""
+
+
+def connect_failure(exc: BaseException) -> str:
+    """Why no connection could be had, without driver text: the reason every family gets."""
+    if isinstance(exc, ValueError):  # asyncpg's DSN parser
+        return "database URL could not be parsed"
+    # Timeouts included: a connection attempt that timed out says nothing about a probe.
+    return f"database unavailable: {unavailable_cause(exc)}"
 
 
 def probe_failure(exc: BaseException) -> ProbeFailure:
@@ -42,7 +57,7 @@ def probe_failure(exc: BaseException) -> ProbeFailure:
     if isinstance(exc, ProbeFailure):
         return exc
     if isinstance(exc, asyncpg.UndefinedTableError):
-        return ProbeFailure("a table the probe reads is missing (42P01)")
+        return ProbeFailure(NOT_MIGRATED)
     if isinstance(exc, asyncpg.UndefinedColumnError):
         return ProbeFailure("a column the probe reads is missing (42703)")
     if isinstance(exc, asyncpg.InsufficientPrivilegeError):
@@ -104,3 +119,30 @@ async def fetch_probe_rows(
     except DB_ERRORS as exc:
         raise probe_failure(exc) from exc
     return rows
+
+
+def without_newest(
+    row: asyncpg.Record, newest: str, *, oldest: str | None = None
+) -> dict[str, Any]:
+    """The probe row minus its ``newest`` guard column, once that time is not in the future.
+
+    A family's evidence carries the *oldest* time it judges an age by, but its counts and
+    windows read every row's time: one row stamped in the future (a writer's clock, a
+    back-dated import) would be counted, or fall outside a window, without a trace. So each
+    probe also reads the newest such time; one later than the observation time makes the
+    family unknown (fail closed), as the oldest one would. When the ``oldest`` time is
+    itself in the future the classification says so already, with the evidence shown.
+    """
+    values = dict(row)
+    newest_value = values.pop(newest)
+    observed = values.get("observed_at_unix_ms")
+    if newest_value is None or not isinstance(observed, int):
+        return values  # nothing stored, or no clock: the classification says so
+    oldest_value = values.get(oldest) if oldest is not None else None
+    if oldest_value is not None and oldest_value > observed:
+        return values
+    if newest_value > observed:
+        raise ProbeFailure(
+            f"{newest} is {newest_value - observed} ms later than the observation time"
+        )
+    return values

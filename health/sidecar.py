@@ -1,4 +1,12 @@
-"""The health sidecar: evaluates on an interval, caches the report, serves it over HTTP."""
+"""The health sidecar: evaluates on an interval, caches the report, serves it over HTTP.
+
+It never needs the database to start: the pool opens no connection up front, so a database
+that is unreachable, refuses the login or is not migrated yet is served as ``unknown``
+with a secret-free reason while ``/livez`` stays 200. While the database is in such a
+state the sidecar retries with a doubling back-off (from the evaluation interval up to
+``database_retry_max_ms``), serves the last answer as current in between, and logs each
+change of the database's state once rather than every retry.
+"""
 
 from __future__ import annotations
 
@@ -14,11 +22,13 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from contracts import __version__
 from contracts.health import Classification, HealthReport
-from contracts.policy import Policy
-from health.evaluate import evaluate, unknown_report
-from health.families.completion_tracker import CompletionTracker
+from contracts.policy import Family, Policy
+from health.errors import HealthSettingError
+from health.evaluate import evaluate_pool, reissue, unknown_report
+from health.families.completion_tracker import RECHECK_PERIOD_MS, CompletionTracker
 from health.http import HTTPServer, Request, Response, problem
 from health.metrics import HealthCollector, HealthCounters
+from health.probing import NOT_MIGRATED
 from health.render import encode_json, health_document, report_status, status_page
 from health.rules import mark_stale
 
@@ -28,6 +38,9 @@ HEALTH_JSON = "application/health+json"
 _TEXT = "text/plain; charset=utf-8"
 _HTML = "text/html; charset=utf-8"
 _POOL_SIZE = 2
+DATABASE_RETRY_MAX_MS = 30_000
+"""The longest wait between attempts while the database is unreachable or not migrated."""
+_NOT_MIGRATED_STATE = "database is not migrated: run `outbox-relay migrate`"
 
 
 class RelayProbe(Protocol):
@@ -55,7 +68,12 @@ class HealthSidecar:
         relay: RelayProbe | None = None,
         receipt_retention_ms: int | None = None,
         http_io_timeout: float = 2.0,
+        http_max_connections: int = 256,
+        completion_recheck_period_ms: int = RECHECK_PERIOD_MS,
+        database_retry_max_ms: int = DATABASE_RETRY_MAX_MS,
     ) -> None:
+        if database_retry_max_ms < 0:
+            raise HealthSettingError("the database retry back-off cap must not be negative")
         self._database_url = database_url
         self._policy = policy
         self._registry = registry
@@ -64,13 +82,25 @@ class HealthSidecar:
         settings = policy.evaluation
         self._interval = settings.interval_ms / 1000
         self._timeout = settings.timeout_ms / 1000
-        self._server = HTTPServer(listen, self._handle, io_timeout=http_io_timeout)
+        self._server = HTTPServer(
+            listen,
+            self._handle,
+            io_timeout=http_io_timeout,
+            max_connections=http_max_connections,
+        )
         self._counters = HealthCounters()
         self._collector = HealthCollector(self.report, self._counters, policy.enabled_families())
         self._pool: asyncpg.Pool | None = None
         # Incremental completion_outbox state: in memory only, never logged or served.
-        self._completion = CompletionTracker()
+        self._completion = CompletionTracker(recheck_period_ms=completion_recheck_period_ms)
         self._last: tuple[HealthReport, float] | None = None
+        # Each family's classification as last logged (outages are logged as one line).
+        self._logged: dict[Family, Classification] = {}
+        # Why the database cannot be evaluated now (None: it can), and the back-off.
+        self._database_problem: str | None = None
+        self._retry_max = database_retry_max_ms / 1000
+        self._retry_delay = 0.0
+        self._retry_at: float | None = None
         self._last_tick: float | None = None
         self._evaluated = asyncio.Condition()
 
@@ -89,7 +119,10 @@ class HealthSidecar:
                 self._database_url,
                 min_size=0,
                 max_size=_POOL_SIZE,
-                timeout=self._timeout,
+                # Connecting gets half the evaluation's budget: a database that never
+                # answers is then named (unavailable: timed out) and backed off, instead
+                # of the whole evaluation timing out on the connection attempt.
+                timeout=self._timeout / 2,
                 command_timeout=self._timeout,
                 server_settings={
                     "application_name": "outbox-relay-health",
@@ -136,7 +169,10 @@ class HealthSidecar:
         while True:
             started = loop.time()
             self._last_tick = started
-            await self.evaluate_once()
+            if self._retry_at is not None and started < self._retry_at:
+                self._serve_again()  # backing off: no attempt this tick
+            else:
+                await self.evaluate_once()
             self._last_tick = loop.time()
             await asyncio.sleep(max(0.0, self._interval - (loop.time() - started)))
 
@@ -144,9 +180,10 @@ class HealthSidecar:
         """Run one evaluation now, cache it and return it."""
         if self._pool is None:
             raise RuntimeError("enter the sidecar before evaluating")
+        unreachable: str | None = None
         try:
             async with asyncio.timeout(self._timeout):
-                report = await evaluate(
+                report, unreachable = await evaluate_pool(
                     self._pool,
                     self._policy,
                     receipt_retention_ms=self._receipt_retention_ms,
@@ -157,21 +194,47 @@ class HealthSidecar:
         if any(result.evidence is None for result in report.families):
             # Any probe error: the incremental state may have missed something; start over.
             self._completion.reset()
+        not_migrated = any(NOT_MIGRATED in result.reasons for result in report.families)
+        self._database_state(unreachable or (_NOT_MIGRATED_STATE if not_migrated else None))
         self._record(report)
         async with self._evaluated:
             self._evaluated.notify_all()
         return report
 
+    def _database_state(self, problem: str | None) -> None:
+        """Log a change of the database's state once, and schedule the next attempt."""
+        loop = asyncio.get_running_loop()
+        if problem is None:
+            if self._database_problem is not None:
+                logger.info("health database reachable again")
+            self._database_problem, self._retry_at, self._retry_delay = None, None, 0.0
+            return
+        if problem != self._database_problem:
+            # The reason is built from error kinds only: never the URL or driver text.
+            logger.warning("health %s; retrying with back-off up to %g s", problem, self._retry_max)
+        if self._database_problem is None:
+            self._retry_delay = self._interval
+        else:
+            self._retry_delay = max(self._interval, min(2 * self._retry_delay, self._retry_max))
+        self._database_problem = problem
+        self._retry_at = loop.time() + self._retry_delay
+
+    def _serve_again(self) -> None:
+        # The last answer is still the truth until the next attempt: serve it as current
+        # (it is unknown) rather than let it turn stale and lose its reason.
+        if self._last is not None:
+            self._last = (reissue(self._last[0]), asyncio.get_running_loop().time())
+
     def _record(self, report: HealthReport) -> None:
-        previous = (
-            {r.family: r.classification for r in self._last[0].families} if self._last else {}
-        )
         self._last = (report, asyncio.get_running_loop().time())
         self._counters.evaluations += 1
         for result in report.families:
             if result.evidence is None:
                 self._counters.probe_failures[result.family] += 1
-            if previous.get(result.family) is not result.classification:
+            if self._database_problem is not None:
+                continue  # one line says it for every family (see _database_state)
+            if self._logged.get(result.family) is not result.classification:
+                self._logged[result.family] = result.classification
                 # Reasons carry field names and numbers only, never identities.
                 level = (
                     logging.INFO

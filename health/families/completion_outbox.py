@@ -12,7 +12,7 @@ import asyncpg
 from contracts.health import CompletionOutboxEvidence
 from contracts.policy import CompletionOutboxPolicy
 from health.families.base import FamilySpec, Gauge, Measurement, ProbeContext, age
-from health.probing import CLOCK, fetch_probe, unix_ms
+from health.probing import CLOCK, fetch_probe, unix_ms, without_newest
 from health.rules import Verdict, count_over, timestamp_problems, verdict
 
 # The rule, written once: the terminal scoring job `job` (a scoring_job_state row) has no
@@ -31,13 +31,29 @@ TERMINAL_JOB_WITHOUT_EVENT = """job.scoring_state IN ('completed', 'quarantined'
             AND receipt.aggregateid = job.scoring_job_ref
       )"""
 
+# The newest terminal job's updated_at when it lies after the clock (else NULL): such a job
+# is above the window and would never be counted, so it only guards the classification
+# (see without_newest). A range scan of the terminal partial index from the clock up,
+# empty when all is well (two index pages). A LATERAL over `clock`.
+NEWEST_TERMINAL = f"""
+CROSS JOIN LATERAL (
+    SELECT {unix_ms("max(job.updated_at)")} AS newest_terminal_updated_at_unix_ms
+    FROM scoring_job_state AS job
+    WHERE job.scoring_state IN ('completed', 'quarantined')
+      AND job.updated_at > clock.now
+) AS newest
+"""
+
+NEWEST_TERMINAL_FIELD = "newest_terminal_updated_at_unix_ms"
+
 # $1 = grace_ms, $2 = lookback_ms: the window [clock - lookback, clock - grace).
 COMPLETION_OUTBOX_PROBE = (
     CLOCK
     + f"""
 SELECT clock.now_ms AS observed_at_unix_ms,
        missing.missing_count,
-       missing.oldest_missing_updated_at_unix_ms
+       missing.oldest_missing_updated_at_unix_ms,
+       newest.newest_terminal_updated_at_unix_ms
 FROM clock
 CROSS JOIN LATERAL (
     SELECT count(*) AS missing_count,
@@ -48,7 +64,7 @@ CROSS JOIN LATERAL (
       AND job.updated_at < clock.now - $1::bigint * interval '1 millisecond'
       AND {TERMINAL_JOB_WITHOUT_EVENT}
 ) AS missing
-"""
+{NEWEST_TERMINAL}"""
 )
 
 
@@ -59,7 +75,7 @@ async def probe_completion_outbox(
     row = await fetch_probe(conn, COMPLETION_OUTBOX_PROBE, policy.grace_ms, policy.lookback_ms)
     # The SQL aliases are the field names: a drift fails here, loudly.
     return CompletionOutboxEvidence(
-        **dict(row),
+        **without_newest(row, NEWEST_TERMINAL_FIELD),
         grace_ms=policy.grace_ms,
         lookback_ms=policy.lookback_ms,
         receipt_retention_ms=receipt_retention_ms,

@@ -11,7 +11,8 @@ already proved:
   present for the whole window (receipts are kept at least ``lookback_ms``; when they are
   not, the family is unknown anyway).
 
-So a job found covered never needs checking again. The tracker keeps a watermark ``W``
+So a job found covered needs no checking on every evaluation (the rolling re-check below
+covers the exceptions). The tracker keeps a watermark ``W``
 (database clock, kept to the microsecond) below which every terminal job has been checked,
 and the refs of the jobs found missing below it. Each evaluation checks only jobs with ``updated_at`` in
 ``[W, clock - grace)`` and re-checks the remembered missing refs.
@@ -26,6 +27,18 @@ began after it (so its start is later than ``U``). Nothing with ``updated_at < U
 later, so after the check ``W = U``. Jobs in ``[U, clock - grace)`` are checked and counted
 but not remembered: they are checked again next time.
 
+**What the watermark cannot see, and the rolling re-check.** Two things can change below
+``W`` after it was checked: a covered job's pending event deleted unpublished (by hand, or
+a purge), and a job written with an ``updated_at`` already below ``W`` (back-dated). The
+one-shot check sees both at once. The sidecar re-checks the settled part of the window
+``[clock - lookback, W)`` as a rolling sweep: each evaluation checks the next slice after
+a cursor, sized by the database time elapsed since the previous evaluation so that the
+cursor overtakes the (moving) window once per ``recheck_period_ms``, then wraps to the
+window start. Anything the sweep finds missing joins the remembered refs. So the sidecar
+agrees with the one-shot check at most ``recheck_period_ms`` plus one evaluation interval
+after such a change, and each evaluation re-reads about ``interval / recheck_period_ms``
+of the window (``recheck_period_ms = 0``: all of it, every time).
+
 The remembered refs are internal state: never logged, served or put in evidence.
 Whenever the state cannot be trusted — first evaluation, a probe error or timeout, a
 changed ``grace_ms``/``lookback_ms``, the database clock going backwards, a horizon earlier
@@ -39,8 +52,25 @@ import asyncpg
 
 from contracts.health import CompletionOutboxEvidence
 from contracts.policy import CompletionOutboxPolicy
-from health.families.completion_outbox import TERMINAL_JOB_WITHOUT_EVENT, probe_completion_outbox
-from health.probing import CLOCK, fetch_probe, fetch_probe_rows, unix_ms, unix_us
+from health.errors import HealthSettingError
+from health.families.completion_outbox import (
+    NEWEST_TERMINAL,
+    NEWEST_TERMINAL_FIELD,
+    TERMINAL_JOB_WITHOUT_EVENT,
+    probe_completion_outbox,
+)
+from health.probing import (
+    CLOCK,
+    fetch_probe,
+    fetch_probe_rows,
+    unix_ms,
+    unix_us,
+    without_newest,
+)
+
+RECHECK_PERIOD_MS = 3_600_000
+"""The rolling re-check overtakes the whole window once an hour: with a 5 s interval each
+evaluation re-reads 1/720 of the window's terminal jobs."""
 
 MAX_REMEMBERED = 10_000
 """Over this many missing jobs the family is far out of bounds: fall back to the full check."""
@@ -62,8 +92,10 @@ SELECT clock.now_ms AS observed_at_unix_ms,
        open.oldest_xact_start_us,
        open.hidden_count,
        (SELECT count(*) FROM pg_catalog.pg_prepared_xacts
-        WHERE database = current_database()) AS prepared_count
+        WHERE database = current_database()) AS prepared_count,
+       newest.newest_terminal_updated_at_unix_ms
 FROM clock
+{NEWEST_TERMINAL}
 CROSS JOIN (
     SELECT {unix_us("min(activity.xact_start)")}
                AS oldest_xact_start_us,
@@ -83,19 +115,28 @@ CROSS JOIN (
 
 # Statement 2, one snapshot: the terminal jobs without an event (the family's one rule)
 # in [$1, $2) (new since the watermark, through clock - grace; at most $5 rows), each
-# flagged `settled` when it is below the horizon $3, plus the remembered refs $4 that are
-# still missing and still inside the window (updated_at >= $6). Bounds are unix microseconds, exactly the
-# database's timestamp precision, so the window is the full check's to the microsecond.
+# flagged `settled` when it is below the horizon $3; the remembered refs $4 that are
+# still missing and still inside the window [$6, $2); and the rolling re-check's slice
+# [$7, $8) below the watermark (at most $5 rows). Bounds are unix microseconds, exactly
+# the database's timestamp precision, so the window is the full check's to the microsecond.
 _EPOCH = "timestamptz 'epoch' + {}::bigint * interval '1 microsecond'"
-COMPLETION_INCREMENT = f"""
+
+
+def _missing_between(lower: str, upper: str, settled: str) -> str:
+    """SQL: at most $5 terminal jobs without an event with ``updated_at`` in [lower, upper)."""
+    return f"""
 (SELECT job.scoring_job_ref AS ref,
-        job.updated_at < {_EPOCH.format("$3")} AS settled,
+        {settled} AS settled,
         {unix_ms("job.updated_at")} AS updated_at_unix_ms
  FROM scoring_job_state AS job
- WHERE job.updated_at >= {_EPOCH.format("$1")}
-   AND job.updated_at < {_EPOCH.format("$2")}
+ WHERE job.updated_at >= {_EPOCH.format(lower)}
+   AND job.updated_at < {_EPOCH.format(upper)}
    AND {TERMINAL_JOB_WITHOUT_EVENT}
- LIMIT $5)
+ LIMIT $5)"""
+
+
+COMPLETION_INCREMENT = f"""
+{_missing_between("$1", "$2", f"job.updated_at < {_EPOCH.format('$3')}")}
 UNION ALL
 (SELECT job.scoring_job_ref AS ref,
         true AS settled,
@@ -103,12 +144,23 @@ UNION ALL
  FROM scoring_job_state AS job
  WHERE job.scoring_job_ref = ANY($4::text[])
    AND job.updated_at >= {_EPOCH.format("$6")}
+   AND job.updated_at < {_EPOCH.format("$2")}
    AND {TERMINAL_JOB_WITHOUT_EVENT})
+UNION ALL
+{_missing_between("$7", "$8", "true")}
 """
 
 
 class _State:
-    __slots__ = ("clock_us", "grace_ms", "horizon_us", "lookback_ms", "missing", "watermark_us")
+    __slots__ = (
+        "clock_us",
+        "grace_ms",
+        "horizon_us",
+        "lookback_ms",
+        "missing",
+        "sweep_us",
+        "watermark_us",
+    )
 
     def __init__(
         self,
@@ -119,6 +171,7 @@ class _State:
         horizon_us: int,
         clock_us: int,
         missing: frozenset[str],
+        sweep_us: int,
     ) -> None:
         self.grace_ms = grace_ms
         self.lookback_ms = lookback_ms
@@ -126,6 +179,8 @@ class _State:
         self.horizon_us = horizon_us
         self.clock_us = clock_us
         self.missing = missing
+        self.sweep_us = sweep_us
+        """Where the rolling re-check goes on; below the window start means its start."""
 
     def __repr__(self) -> str:  # never the refs
         return f"_State(watermark_us={self.watermark_us}, remembered={len(self.missing)})"
@@ -135,10 +190,17 @@ class CompletionTracker:
     """Per-sidecar incremental state for ``completion_outbox``; see the module docstring."""
 
     def __init__(
-        self, *, max_remembered: int = MAX_REMEMBERED, margin_ms: int = HORIZON_MARGIN_MS
+        self,
+        *,
+        max_remembered: int = MAX_REMEMBERED,
+        margin_ms: int = HORIZON_MARGIN_MS,
+        recheck_period_ms: int = RECHECK_PERIOD_MS,
     ) -> None:
+        if recheck_period_ms < 0:
+            raise HealthSettingError("the completion re-check period must not be negative")
         self._max = max_remembered
         self._margin_ms = margin_ms
+        self._recheck_period_ms = recheck_period_ms
         self._state: _State | None = None
         self.full_checks = 0
         """How many evaluations fell back to (or started with) the full check."""
@@ -185,7 +247,7 @@ class CompletionTracker:
         if conn.is_in_transaction():
             # One snapshot for both statements would defeat the horizon read.
             return await self._full(conn, policy, receipt_retention_ms)
-        horizon = await fetch_probe(conn, COMPLETION_HORIZON)
+        horizon = without_newest(await fetch_probe(conn, COMPLETION_HORIZON), NEWEST_TERMINAL_FIELD)
         clock_us: int = horizon["clock_us"]
         if horizon["hidden_count"] or horizon["prepared_count"]:
             return await self._full(conn, policy, receipt_retention_ms)
@@ -205,8 +267,16 @@ class CompletionTracker:
             state = None
         if state is None:  # first run or reset: the whole window
             scan_from, remembered = lower_us, frozenset[str]()
+            sweep_from = sweep_to = next_sweep = lower_us
         else:
             scan_from, remembered = max(state.watermark_us, lower_us), state.missing
+            sweep_from = max(state.sweep_us, lower_us)
+            sweep_to = min(
+                scan_from,
+                sweep_from + self._sweep_step_us(policy, clock_us - state.clock_us),
+            )
+            # Past the watermark: the next evaluation starts over at the window start.
+            next_sweep = lower_us if sweep_to >= scan_from else sweep_to
         rows = await fetch_probe_rows(
             conn,
             COMPLETION_INCREMENT,
@@ -216,6 +286,8 @@ class CompletionTracker:
             list(remembered),
             self._max + 1,
             lower_us,
+            sweep_from,
+            sweep_to,
         )
         missing = {row["ref"]: row for row in rows}
         if len(missing) > self._max:
@@ -233,6 +305,7 @@ class CompletionTracker:
             horizon_us=settle_us,
             clock_us=clock_us,
             missing=frozenset(ref for ref, row in missing.items() if row["settled"]),
+            sweep_us=next_sweep,
         )
         return CompletionOutboxEvidence(
             observed_at_unix_ms=horizon["observed_at_unix_ms"],
@@ -242,6 +315,19 @@ class CompletionTracker:
             lookback_ms=policy.lookback_ms,
             receipt_retention_ms=receipt_retention_ms,
         )
+
+    def _sweep_step_us(self, policy: CompletionOutboxPolicy, elapsed_us: int) -> int:
+        """How far the rolling re-check moves for ``elapsed_us`` of database time.
+
+        The window ``L`` long moves forward with the clock; a cursor moving at
+        ``(L + P) / P`` overtakes it by ``L`` every period ``P``, so every point of the
+        window is re-checked at least once per ``P`` (plus one evaluation's step).
+        """
+        window_us = max(0, policy.lookback_ms - policy.grace_ms) * 1000
+        period_us = self._recheck_period_ms * 1000
+        if period_us == 0:
+            return window_us + 1  # the whole settled window, every evaluation
+        return -(-max(0, elapsed_us) * (window_us + period_us) // period_us)  # ceiling
 
     async def _full(
         self,
@@ -255,4 +341,4 @@ class CompletionTracker:
         )
 
 
-__all__ = ["HORIZON_MARGIN_MS", "MAX_REMEMBERED", "CompletionTracker"]
+__all__ = ["HORIZON_MARGIN_MS", "MAX_REMEMBERED", "RECHECK_PERIOD_MS", "CompletionTracker"]

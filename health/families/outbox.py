@@ -7,16 +7,18 @@ import asyncpg
 from contracts.health import OutboxEvidence
 from contracts.policy import OutboxPolicy
 from health.families.base import FamilySpec, Gauge, Measurement, age
-from health.probing import CLOCK, fetch_probe, unix_ms
+from health.probing import CLOCK, fetch_probe, unix_ms, without_newest
 from health.rules import Verdict, age_over, count_over, timestamp_problems, verdict
 
 # Pending means not quarantined; each side reads its partial index (migration 0001).
+# The newest pending time only guards against times in the future (see without_newest).
 OUTBOX_PROBE = (
     CLOCK
     + f"""
 SELECT clock.now_ms AS observed_at_unix_ms,
        pending.pending_count,
        pending.oldest_pending_created_at_unix_ms,
+       pending.newest_pending_created_at_unix_ms,
        pending.retrying_count,
        quarantined.quarantined_count
 FROM clock
@@ -24,6 +26,8 @@ CROSS JOIN LATERAL (
     SELECT count(*) AS pending_count,
            {unix_ms("min(created_at)")}
                AS oldest_pending_created_at_unix_ms,
+           {unix_ms("max(created_at)")}
+               AS newest_pending_created_at_unix_ms,
            count(*) FILTER (WHERE last_error_class IS NOT NULL) AS retrying_count
     FROM outbox
     WHERE quarantined_at IS NULL
@@ -38,7 +42,12 @@ CROSS JOIN LATERAL (
 async def probe_outbox(conn: asyncpg.Connection) -> OutboxEvidence:
     """Evidence for the ``outbox`` family."""
     # The SQL aliases are the field names: a drift fails here, loudly.
-    return OutboxEvidence(**dict(await fetch_probe(conn, OUTBOX_PROBE)))
+    row = await fetch_probe(conn, OUTBOX_PROBE)
+    return OutboxEvidence(
+        **without_newest(
+            row, "newest_pending_created_at_unix_ms", oldest="oldest_pending_created_at_unix_ms"
+        )
+    )
 
 
 def classify_outbox(evidence: OutboxEvidence, policy: OutboxPolicy) -> Verdict:

@@ -7,7 +7,7 @@ import asyncpg
 from contracts.health import RelayEvidence
 from contracts.policy import RelayPolicy
 from health.families.base import FamilySpec, Gauge, Measurement, age
-from health.probing import CLOCK, fetch_probe, unix_ms
+from health.probing import CLOCK, fetch_probe, unix_ms, without_newest
 from health.rules import Verdict, age_over, count_over, timestamp_problems, verdict
 
 # $1 = max_heartbeat_age_ms (what counts as a live instance). Lock holders: pid and
@@ -23,6 +23,7 @@ SELECT clock.now_ms AS observed_at_unix_ms,
        lanes.lane_count,
        lanes.unowned_lane_count,
        ready.oldest_ready_created_at_unix_ms,
+       ready.newest_ready_created_at_unix_ms,
        blocking.blocking_transaction_count,
        blocking.oldest_blocking_transaction_started_at_unix_ms
 FROM clock
@@ -45,10 +46,23 @@ CROSS JOIN LATERAL (
     FROM relay_lane
 ) AS lanes
 CROSS JOIN LATERAL (
-    SELECT {unix_ms("min(created_at)")}
-               AS oldest_ready_created_at_unix_ms
-    FROM outbox
-    WHERE quarantined_at IS NULL AND (next_attempt_at IS NULL OR next_attempt_at <= clock.now)
+    SELECT {unix_ms("min(event.created_at)")}
+               AS oldest_ready_created_at_unix_ms,
+           {unix_ms("max(event.created_at)")}
+               AS newest_ready_created_at_unix_ms
+    FROM outbox AS event
+    WHERE event.quarantined_at IS NULL
+      AND (event.next_attempt_at IS NULL OR event.next_attempt_at <= clock.now)
+      -- The relay's own rule (relay/sql.py FETCH_READY): a row behind an earlier row of
+      -- its key that is quarantined or backing off is held, not ready. A quarantine is
+      -- the outbox family's signal; counting the rows it holds here would call the
+      -- relay stalled for doing exactly what it should. Reads outbox_held_idx.
+      AND NOT EXISTS (
+          SELECT 1 FROM outbox AS held
+          WHERE held.aggregateid = event.aggregateid
+            AND held.seq < event.seq
+            AND (held.quarantined_at IS NOT NULL OR held.next_attempt_at IS NOT NULL)
+      )
 ) AS ready
 CROSS JOIN LATERAL (
     SELECT count(DISTINCT activity.pid) AS blocking_transaction_count,
@@ -72,7 +86,11 @@ async def probe_relay(conn: asyncpg.Connection, policy: RelayPolicy) -> RelayEvi
     """Evidence for the ``relay`` family."""
     row = await fetch_probe(conn, RELAY_PROBE, policy.max_heartbeat_age_ms)
     # The SQL aliases are the field names: a drift fails here, loudly.
-    return RelayEvidence(**dict(row))
+    return RelayEvidence(
+        **without_newest(
+            row, "newest_ready_created_at_unix_ms", oldest="oldest_ready_created_at_unix_ms"
+        )
+    )
 
 
 def classify_relay(evidence: RelayEvidence, policy: RelayPolicy) -> Verdict:

@@ -7,18 +7,20 @@ import asyncpg
 from contracts.health import ScoringJobsEvidence
 from contracts.policy import ScoringJobsPolicy
 from health.families.base import FamilySpec, Gauge, Measurement, age
-from health.probing import CLOCK, fetch_probe, unix_ms
+from health.probing import CLOCK, fetch_probe, unix_ms, without_newest
 from health.rules import Verdict, age_over, count_over, timestamp_problems, verdict
 
 # Active = queued + leased + retry_scheduled; each state set reads its partial index
 # (migration 0003), so terminal history costs nothing. A lease is expired by the database
-# clock, never the sidecar's.
+# clock, never the sidecar's. The newest active time only guards against times in the
+# future (see without_newest); an expired lease is in the past by definition.
 SCORING_JOBS_PROBE = (
     CLOCK
     + f"""
 SELECT clock.now_ms AS observed_at_unix_ms,
        active.active_count,
        active.oldest_active_created_at_unix_ms,
+       active.newest_active_created_at_unix_ms,
        quarantined.quarantined_count,
        expired.expired_lease_count,
        expired.oldest_expired_lease_expires_at_unix_ms
@@ -26,7 +28,9 @@ FROM clock
 CROSS JOIN LATERAL (
     SELECT count(*) AS active_count,
            {unix_ms("min(created_at)")}
-               AS oldest_active_created_at_unix_ms
+               AS oldest_active_created_at_unix_ms,
+           {unix_ms("max(created_at)")}
+               AS newest_active_created_at_unix_ms
     FROM scoring_job_state
     WHERE scoring_state IN ('queued', 'leased', 'retry_scheduled')
 ) AS active
@@ -48,7 +52,12 @@ CROSS JOIN LATERAL (
 async def probe_scoring_jobs(conn: asyncpg.Connection) -> ScoringJobsEvidence:
     """Evidence for the ``scoring_jobs`` family."""
     # The SQL aliases are the field names: a drift fails here, loudly.
-    return ScoringJobsEvidence(**dict(await fetch_probe(conn, SCORING_JOBS_PROBE)))
+    row = await fetch_probe(conn, SCORING_JOBS_PROBE)
+    return ScoringJobsEvidence(
+        **without_newest(
+            row, "newest_active_created_at_unix_ms", oldest="oldest_active_created_at_unix_ms"
+        )
+    )
 
 
 def classify_scoring_jobs(evidence: ScoringJobsEvidence, policy: ScoringJobsPolicy) -> Verdict:

@@ -115,6 +115,71 @@ async def test_job_leaving_the_look_back_window_drops_out(db: asyncpg.Connection
     assert (await full(db, policy)).missing_count == 0
 
 
+RECHECK_PERIOD_MS = 1000
+RECHECK: dict[str, Any] = {"recheck_period_ms": RECHECK_PERIOD_MS}
+
+
+async def converges(
+    db: asyncpg.Connection,
+    tracker: CompletionTracker,
+    policy: CompletionOutboxPolicy,
+    *,
+    within_s: float,
+) -> int:
+    """Evaluate about every 50 ms until the incremental count equals the full one.
+
+    Returns the count; fails when it did not converge within ``within_s``.
+    """
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    while True:
+        got = await incremental(db, tracker, policy)
+        want = await full(db, policy)
+        if (got.missing_count, got.oldest_missing_updated_at_unix_ms) == (
+            want.missing_count,
+            want.oldest_missing_updated_at_unix_ms,
+        ):
+            return got.missing_count
+        assert loop.time() - started < within_s, (got, want)
+        await asyncio.sleep(0.05)
+
+
+async def test_covered_job_whose_event_is_deleted_is_found_within_the_recheck_period(
+    db: asyncpg.Connection,
+) -> None:
+    policy = completion_policy(grace_ms=0)
+    tracker = CompletionTracker(margin_ms=0, **RECHECK)
+    job = await insert_job(db, "completed")
+    await insert_event(db, aggregateid=job)
+    await asyncio.sleep(0.05)
+    assert (await incremental(db, tracker, policy)).missing_count == 0  # first: full
+    await asyncio.sleep(0.05)
+    assert (await incremental(db, tracker, policy)).missing_count == 0
+    assert tracker.watermark_ms is not None  # the job is below the watermark: settled
+    # The event is deleted unpublished (no receipt): the job is now missing.
+    await db.execute("DELETE FROM outbox WHERE aggregateid = $1", job)
+    assert (await full(db, policy)).missing_count == 1
+    count = await converges(db, tracker, policy, within_s=RECHECK_PERIOD_MS / 1000 + 1.5)
+    assert count == 1
+    assert tracker.full_checks == 1  # found by the rolling re-check, not by starting over
+
+
+async def test_back_dated_job_below_the_watermark_is_found_within_the_recheck_period(
+    db: asyncpg.Connection,
+) -> None:
+    policy = completion_policy(grace_ms=0)
+    tracker = CompletionTracker(margin_ms=0, **RECHECK)
+    await incremental(db, tracker, policy)
+    await asyncio.sleep(0.05)
+    await incremental(db, tracker, policy)
+    # Written with an updated_at five minutes old: far below the watermark.
+    await insert_job(db, "completed", updated_at=await db_now(db) - dt.timedelta(minutes=5))
+    assert (await full(db, policy)).missing_count == 1
+    count = await converges(db, tracker, policy, within_s=RECHECK_PERIOD_MS / 1000 + 1.5)
+    assert count == 1
+    assert tracker.full_checks == 1
+
+
 async def test_state_resets_on_policy_change_and_probe_error(db: asyncpg.Connection) -> None:
     policy = completion_policy(grace_ms=0)
     tracker = CompletionTracker(margin_ms=0)
@@ -151,37 +216,61 @@ async def test_incremental_equals_full_over_a_random_history(
 ) -> None:
     rng = random.Random(20240611 + margin_ms)
     policy = completion_policy(grace_ms=0)
-    tracker = CompletionTracker(margin_ms=margin_ms, max_remembered=50)
+    period_ms = 300
+    tracker = CompletionTracker(margin_ms=margin_ms, max_remembered=50, recheck_period_ms=period_ms)
     missing: list[str] = []
+    covered: list[str] = []
     writer = await asyncpg.connect(database_url)
     in_transaction: list[str] = []
     try:
         for _ in range(40):
+            # Set by what the incremental state cannot see at once: an event deleted
+            # unpublished, or a job written with an updated_at below the watermark.
+            behind = False
             for _ in range(rng.randint(0, 4)):
                 action = rng.random()
-                if action < 0.35:
+                if action < 0.3:
                     missing.append(await insert_job(db, rng.choice(["completed", "quarantined"])))
-                elif action < 0.5:
-                    covered = await insert_job(db, "completed")
-                    await insert_event(db, aggregateid=covered)
-                elif action < 0.65 and missing:
+                elif action < 0.42:
+                    job = await insert_job(db, "completed")
+                    await insert_event(db, aggregateid=job)
+                    covered.append(job)
+                elif action < 0.55 and missing:
                     job = missing.pop(rng.randrange(len(missing)))
                     if rng.random() < 0.5:
                         await insert_event(db, aggregateid=job)
+                        covered.append(job)
                     else:
                         await insert_receipt(db, aggregateid=job)
-                elif action < 0.8 and not in_transaction:
+                elif action < 0.68 and not in_transaction:
                     await writer.execute("BEGIN")
                     in_transaction.append(await insert_job(writer, "completed"))
-                elif action < 0.9 and in_transaction:
+                elif action < 0.78 and in_transaction:
                     await writer.execute("COMMIT")
                     missing.extend(in_transaction)
                     in_transaction.clear()
+                elif action < 0.84 and covered:
+                    # Its pending event is deleted unpublished: the job is missing again.
+                    job = covered.pop(rng.randrange(len(covered)))
+                    await db.execute("DELETE FROM outbox WHERE aggregateid = $1", job)
+                    missing.append(job)
+                    behind = True
+                elif action < 0.9:
+                    # Back-dated: minutes below the watermark.
+                    minutes = dt.timedelta(minutes=rng.randint(1, 600))
+                    updated_at = await db_now(db) - minutes
+                    missing.append(await insert_job(db, "completed", updated_at=updated_at))
+                    behind = True
                 else:
                     # Not a terminal state: never counted.
                     await insert_job(db, "cancelled")
             if rng.random() < 0.3:
                 await asyncio.sleep(0.02)
+            if behind:
+                # Bounded convergence: within the re-check period (plus slack for the box).
+                count = await converges(db, tracker, policy, within_s=period_ms / 1000 + 2)
+                assert count == len(missing)
+                continue
             got = await incremental(db, tracker, policy)
             want = await full(db, policy)
             assert got.missing_count == want.missing_count == len(missing)
@@ -254,9 +343,11 @@ async def test_increment_plan_reads_the_window_through_partial_indexes(
     await db.execute("VACUUM ANALYZE outbox_receipt")
     now_ms = int((await db_now(db)).timestamp() * 1000)
     now_us = now_ms * 1000
-    args = f"{now_us - 5_000_000}, {now_us}, {now_us - 1_000_000}, '{{x-1}}', 10001, 0"
+    # The rolling re-check's slice: ten minutes of the settled part of the window.
+    sweep = f"{now_us - 3_600_000_000}, {now_us - 3_000_000_000}"
+    args = f"{now_us - 5_000_000}, {now_us}, {now_us - 1_000_000}, '{{x-1}}', 10001, 0, {sweep}"
     await db.execute(
-        "PREPARE increment(bigint, bigint, bigint, text[], bigint, bigint) AS "
+        "PREPARE increment(bigint, bigint, bigint, text[], bigint, bigint, bigint, bigint) AS "
         + COMPLETION_INCREMENT
     )
     for mode in ("force_custom_plan", "force_generic_plan"):

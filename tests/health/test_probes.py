@@ -199,7 +199,7 @@ async def test_failed_probe_inside_a_callers_transaction_leaves_it_usable(
         by_family = {r.family: r for r in report.families}
         assert by_family[Family.COMPLETION_OUTBOX].classification is U
         assert by_family[Family.COMPLETION_OUTBOX].reasons == (
-            "a table the probe reads is missing (42P01)",
+            "a table the probe reads is missing (42P01): run `outbox-relay migrate`",
         )
         assert by_family[Family.OUTBOX].classification is W
         assert by_family[Family.SCORING_JOBS].classification is W
@@ -221,7 +221,9 @@ async def test_missing_tables_are_unknown(empty_database_url: str) -> None:
     for result in report.families:
         assert result.classification is U
         assert result.evidence is None
-        assert result.reasons == ("a table the probe reads is missing (42P01)",)
+        assert result.reasons == (
+            "a table the probe reads is missing (42P01): run `outbox-relay migrate`",
+        )
 
 
 # --- indexes and cost ----------------------------------------------------------------
@@ -331,7 +333,9 @@ async def test_plans_use_partial_indexes_and_cost_ignores_terminal_history(
         assert ("Seq Scan", "outbox_receipt") not in scanned, name
         # Planners differ (15 reads leased expiries from their own index, 18 may filter the
         # active one); either way every index read is partial and excludes terminal rows.
-        assert indexes <= HEALTH_INDEXES | {"relay_lane_pkey", "relay_instance_pkey"}, name
+        # The relay's ready rows skip those held behind their key (outbox_held_idx, partial).
+        allowed = {"relay_lane_pkey", "relay_instance_pkey", "outbox_held_idx"}
+        assert indexes <= HEALTH_INDEXES | allowed, name
         if name == "scoring_jobs":
             assert "scoring_job_state_active_created_idx" in indexes
             assert "scoring_job_state_quarantined_created_idx" in indexes
