@@ -17,7 +17,7 @@ from pathlib import Path
 
 import asyncpg
 
-from contracts.errors import MigrationError
+from contracts.errors import MigrationError, SchemaNotMigrated
 
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _NO_TRANSACTION = "-- migrate: no-transaction"
@@ -198,6 +198,17 @@ async def verify(conn: asyncpg.Connection, migrations: list[Migration]) -> Migra
     applied = await _applied(conn)
     pending = _check_history(migrations, applied)
     return MigrationStatus(applied=tuple(sorted(applied)), pending=tuple(pending))
+
+
+async def require_migrated(conn: asyncpg.Connection, migrations: list[Migration]) -> None:
+    """Raise :class:`SchemaNotMigrated` unless every migration of this build is applied; reads only."""
+    state = await verify(conn, migrations)
+    if state.up_to_date:
+        return
+    if not state.applied:
+        raise SchemaNotMigrated("the database was never migrated; run `outbox-relay migrate`")
+    names = ", ".join(m.file_name for m in state.pending)
+    raise SchemaNotMigrated(f"the database lacks migration(s) {names}; run `outbox-relay migrate`")
 
 
 async def _run_without_transaction(conn: asyncpg.Connection, migration: Migration) -> None:
