@@ -21,3 +21,7 @@ class MigrationError(OutboxRelayError):
 
 class BrokerUnavailable(OutboxRelayError):
     """Kafka could not be reached; the message never carries credentials."""
+
+
+class SchemaNotMigrated(OutboxRelayError):
+    """The database lacks this build's migrations; ``outbox-relay migrate`` fixes it."""

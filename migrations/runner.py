@@ -17,12 +17,14 @@ from pathlib import Path
 
 import asyncpg
 
-from contracts.errors import MigrationError
+from contracts.errors import MigrationError, SchemaNotMigrated
 
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _NO_TRANSACTION = "-- migrate: no-transaction"
+# An index a no-transaction migration builds, and the table it builds it on.
 _CONCURRENT_INDEX = re.compile(
-    r"CREATE\s+INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+([a-z0-9_]+)", re.IGNORECASE
+    r"CREATE\s+INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+([a-z0-9_]+)\s+ON\s+([a-z0-9_]+)",
+    re.IGNORECASE,
 )
 # A fixed advisory-lock key: "outbox-relay migrate" spelled as a 63-bit integer.
 MIGRATION_LOCK_KEY = 0x6F7574626F786D67
@@ -41,9 +43,25 @@ _RECORD_EXISTS = "SELECT to_regclass('outbox_relay_migration') IS NOT NULL"
 _INSERT_RECORD = "INSERT INTO outbox_relay_migration (version, name, checksum) VALUES ($1, $2, $3)"
 _TRY_LOCK = "SELECT pg_try_advisory_lock($1)"
 _UNLOCK = "SELECT pg_advisory_unlock($1)"
-_INVALID_INDEXES = """
-SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-WHERE NOT i.indisvalid AND c.relname = ANY($1::text[])
+# Leftovers of this migration's own builds only: an index of that name on the very table
+# the unqualified CREATE INDEX resolves to (so in the schema it migrates), never a
+# namesake elsewhere on the search path. format() quotes the name for the DROP.
+_INVALID_OWN_INDEXES = """
+SELECT format('%I.%I', n.nspname, c.relname) AS qualified
+FROM unnest($1::text[], $2::text[]) AS own (index_name, table_name)
+JOIN pg_class c ON c.relname = own.index_name
+JOIN pg_index i ON i.indexrelid = c.oid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE NOT i.indisvalid AND i.indrelid = to_regclass(own.table_name)
+"""
+# Building an index needs ownership of its table (or membership in the owning role). A
+# table that does not exist yet will be created by an earlier migration, as ours.
+_TABLES_NOT_OWNED = """
+SELECT c.relname AS table_name, pg_get_userbyid(c.relowner) AS owner
+FROM unnest($1::text[]) AS own (table_name)
+JOIN pg_class c ON c.oid = to_regclass(own.table_name)
+WHERE NOT pg_has_role(c.relowner, 'USAGE')
+ORDER BY c.relname
 """
 
 
@@ -63,6 +81,26 @@ class Migration:
     @property
     def file_name(self) -> str:
         return f"{self.version:04d}_{self.name}.sql"
+
+
+@dataclass(frozen=True)
+class _CommentOnlyRevision:
+    """An earlier text of a shipped file that differs from today's in comments only."""
+
+    earlier_checksum: str  # what databases migrated with that text recorded
+    statements_checksum: str  # the statements both texts share
+
+
+# A checksum covers the whole file, comments included, so any edit is refused. These
+# are the deliberate exceptions: each pins the statements as well, so an edit beyond
+# the comments is still refused.
+_COMMENT_ONLY_REVISIONS: dict[int, _CommentOnlyRevision] = {
+    # 0003's header comment gained the note on ownership of scoring_job_state.
+    3: _CommentOnlyRevision(
+        earlier_checksum="7097fb24543e19b2a7ee4921e1a17de0e1fc2e71a870dbb421db319d1ebb53b7",
+        statements_checksum="85ff32d014aef8e01b9c1f19b016ac52e105fab97d2e98f5702e643227e8cd64",
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -185,12 +223,29 @@ def _check_history(
             raise MigrationError(
                 f"the database has migration {version:04d}_{name} that this build does not ship"
             )
-        if migration.checksum != checksum:
+        if not _recorded_as(migration, checksum):
             raise MigrationError(
                 f"migration {migration.file_name} changed after it was applied "
                 "(checksum differs); restore the applied file and add a new migration instead"
             )
     return [m for m in migrations if m.version not in applied]
+
+
+def _statements_checksum(sql: str) -> str:
+    """sha256 of a file's statements alone: the same for texts that differ in comments only."""
+    return hashlib.sha256(";\n".join(split_statements(sql)).encode("utf-8")).hexdigest()
+
+
+def _recorded_as(migration: Migration, recorded_checksum: str) -> bool:
+    """Whether the database's record is of this file, or of a comment-only earlier text of it."""
+    if recorded_checksum == migration.checksum:
+        return True
+    revision = _COMMENT_ONLY_REVISIONS.get(migration.version)
+    return (
+        revision is not None
+        and recorded_checksum == revision.earlier_checksum
+        and _statements_checksum(migration.sql) == revision.statements_checksum
+    )
 
 
 async def verify(conn: asyncpg.Connection, migrations: list[Migration]) -> MigrationStatus:
@@ -200,15 +255,45 @@ async def verify(conn: asyncpg.Connection, migrations: list[Migration]) -> Migra
     return MigrationStatus(applied=tuple(sorted(applied)), pending=tuple(pending))
 
 
+async def require_migrated(conn: asyncpg.Connection, migrations: list[Migration]) -> None:
+    """Raise :class:`SchemaNotMigrated` unless every migration of this build is applied; reads only."""
+    state = await verify(conn, migrations)
+    if state.up_to_date:
+        return
+    if not state.applied:
+        raise SchemaNotMigrated("the database was never migrated; run `outbox-relay migrate`")
+    names = ", ".join(m.file_name for m in state.pending)
+    raise SchemaNotMigrated(f"the database lacks migration(s) {names}; run `outbox-relay migrate`")
+
+
 async def _run_without_transaction(conn: asyncpg.Connection, migration: Migration) -> None:
     # An interrupted CREATE INDEX CONCURRENTLY leaves an INVALID index that IF NOT
     # EXISTS would then keep forever: drop such leftovers first.
-    names = _CONCURRENT_INDEX.findall(migration.sql)
-    for row in await conn.fetch(_INVALID_INDEXES, names):
-        await conn.execute(f'DROP INDEX CONCURRENTLY IF EXISTS "{row["relname"]}"')
+    indexes, tables = _index_builds(migration)
+    for row in await conn.fetch(_INVALID_OWN_INDEXES, indexes, tables):
+        await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {row['qualified']}")
     for statement in split_statements(migration.sql):
         await conn.execute(statement)
     await conn.execute(_INSERT_RECORD, migration.version, migration.name, migration.checksum)
+
+
+def _index_builds(migration: Migration) -> tuple[list[str], list[str]]:
+    """The (index, table) pairs a migration builds concurrently, as two parallel lists."""
+    pairs = _CONCURRENT_INDEX.findall(migration.sql)
+    return [index for index, _ in pairs], [table for _, table in pairs]
+
+
+async def _require_ownership(conn: asyncpg.Connection, pending: list[Migration]) -> None:
+    # Checked before the first pending migration runs, so a missing privilege leaves the
+    # database as it was instead of half migrated.
+    for migration in pending:
+        _, tables = _index_builds(migration)
+        for row in await conn.fetch(_TABLES_NOT_OWNED, sorted(set(tables))):
+            raise MigrationError(
+                f"migration {migration.file_name} needs ownership of table "
+                f"{row['table_name']} to build its indexes; run migrate as role "
+                f"{row['owner']} or a member of it"
+            )
 
 
 async def apply(
@@ -223,6 +308,7 @@ async def apply(
     try:
         await conn.execute(_CREATE_RECORD)
         pending = _check_history(migrations, await _applied(conn))
+        await _require_ownership(conn, pending)
         for migration in pending:
             if progress is not None:
                 progress(migration)

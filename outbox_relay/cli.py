@@ -2,7 +2,8 @@
 
 Every flag is declared in :mod:`outbox_relay.options`. Exit codes: 0 success, 1 a runtime
 failure, 2 usage or configuration error (including an unreachable database for ``migrate``
-and ``redrive``); ``check`` and ``status`` use 0 within bounds, 2 stalled, 3 unknown.
+and ``redrive``, and an unmigrated one for ``redrive``); ``check`` and ``status`` use 0
+within bounds, 2 stalled, 3 unknown.
 """
 
 from __future__ import annotations
@@ -14,9 +15,15 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from contracts import __version__
-from contracts.errors import ConfigError, DatabaseUnavailable, MigrationError, OutboxRelayError
+from contracts.errors import (
+    ConfigError,
+    DatabaseUnavailable,
+    MigrationError,
+    OutboxRelayError,
+    SchemaNotMigrated,
+)
 from health.commands import check, status
-from migrations.runner import apply, load_migrations, verify
+from migrations.runner import apply, load_migrations, require_migrated, verify
 from outbox_relay.logs import configure_logging
 from outbox_relay.options import CHECK, STATUS, VERBS, add_options, resolve, resolve_logging
 from outbox_relay.service import run_service
@@ -66,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(_run_verb(resolve(args)))
     except ConfigError as exc:
         return _fail(EXIT_USAGE, str(exc))
-    except DatabaseUnavailable as exc:
+    except (DatabaseUnavailable, SchemaNotMigrated) as exc:
         return _fail(unknown_exit, str(exc))
     except MigrationError as exc:
         return _fail(EXIT_FAILURE, str(exc))
@@ -130,6 +137,7 @@ async def _migrate(settings: MigrateSettings) -> int:
 async def _redrive(settings: RedriveSettings) -> int:
     conn = await connect(settings.database_url)
     try:
+        await require_migrated(conn, load_migrations())
         count = await redrive(conn, settings.selection)
     finally:
         await conn.close()

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import asyncpg
 
@@ -25,17 +26,40 @@ _CAUSES: Mapping[type[BaseException], str] = {
 }
 
 
+# Said whenever a URL's parts cannot be told apart: the fix is always the same.
+_ENCODE_HINT = (
+    "percent-encode reserved characters in the user name and password "
+    "(/ %2F, @ %40, : %3A, % %25, # %23, ? %3F)"
+)
+_AUTHORITY_END = re.compile(r"[/?#]")
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_NOT_A_URL = "--database-url is not a valid postgresql:// URL"
+
+
 def validate_database_url(url: str | None) -> str | None:
-    """Check the shape of a ``postgresql://`` URL without ever echoing it; None means libpq PG* variables."""
+    """Check the shape of a ``postgresql://`` URL without ever echoing it; None means libpq PG* variables.
+
+    A raw ``/``, ``?``, ``#`` or ``@`` in a password moves the rest of it into the host,
+    port or database name, which messages do show; such a URL is refused instead, as is a
+    ``%`` that starts no escape (libpq refuses both too).
+    """
     if url is None or url == "":
         return None
-    try:
-        parts = urlsplit(url)
-        port = parts.port  # raises ValueError on a non-numeric port
-    except ValueError as exc:
-        raise ConfigError("--database-url is not a valid postgresql:// URL") from exc
-    if parts.scheme not in _SCHEMES:
+    scheme, separator, rest = url.partition("://")
+    if not separator or scheme.lower() not in _SCHEMES:
         raise ConfigError("--database-url must start with postgresql:// or postgres://")
+    cut = _AUTHORITY_END.search(rest)
+    authority, after = (rest[: cut.start()], rest[cut.start() :]) if cut else (rest, "")
+    if "@" in after or authority.count("@") > 1:
+        raise ConfigError(f"{_NOT_A_URL}: {_ENCODE_HINT}")
+    userinfo = authority.rpartition("@")[0]
+    if _BAD_ESCAPE.search(userinfo):
+        raise ConfigError(f"{_NOT_A_URL}: {_ENCODE_HINT}")
+    try:
+        unquote(userinfo, errors="strict")
+        port = urlsplit(url).port  # raises ValueError on a non-numeric port
+    except ValueError as exc:  # UnicodeDecodeError too: an escape that is not UTF-8
+        raise ConfigError(_NOT_A_URL) from exc
     if port is not None and not 0 < port < 65536:
         raise ConfigError("--database-url has a port outside 1-65535")
     return url
@@ -45,6 +69,11 @@ def describe_target(url: str | None) -> str:
     """host:port/database of a URL, without user or password, for messages."""
     if not url:
         return "the database named by the PG* environment"
+    try:
+        validate_database_url(url)
+    except ConfigError:
+        # Its parts cannot be told apart, so any of them may hold part of the password.
+        return "the database named by --database-url"
     parts = urlsplit(url)
     host = parts.hostname or "localhost"
     port = parts.port or 5432

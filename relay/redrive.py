@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from contracts.errors import ConfigError
+from contracts.errors import ConfigError, SchemaNotMigrated
 from relay import sql
 
 
@@ -29,14 +29,20 @@ class RedriveFilter:
 
 async def redrive(conn: asyncpg.Connection, selection: RedriveFilter) -> int:
     """Clear quarantine, attempts and backoff of the selected events and wake the relay."""
-    async with conn.transaction():
-        count: int = await conn.fetchval(
-            sql.REDRIVE,
-            selection.ids,
-            selection.aggregatetype,
-            selection.type,
-            selection.error_class,
-        )
-        if count:
-            await conn.execute(sql.NOTIFY)
+    try:
+        async with conn.transaction():
+            count: int = await conn.fetchval(
+                sql.REDRIVE,
+                selection.ids,
+                selection.aggregatetype,
+                selection.type,
+                selection.error_class,
+            )
+            if count:
+                await conn.execute(sql.NOTIFY)
+    except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError) as exc:
+        # The outbox is missing or older than this build: say the fix, not the driver text.
+        raise SchemaNotMigrated(
+            "the outbox table is missing or outdated; run `outbox-relay migrate`"
+        ) from exc
     return count

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
+import signal
 import sys
+import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
 
 import migrations
 
@@ -89,3 +97,101 @@ def with_password(url: str, password: str) -> str:
     if parts.port is not None:
         netloc += f":{parts.port}"
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def with_login(url: str, user: str, password_text: str) -> str:
+    """``url`` with this user and this password text, written into the URL exactly as given."""
+    parts = urlsplit(url)
+    host = parts.hostname or "localhost"
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port is not None else ""
+    return f"{parts.scheme}://{user}:{password_text}@{host}{port}{parts.path}"
+
+
+@contextlib.asynccontextmanager
+async def login_role(
+    database_url: str, password: str, *, member_of: str | None = None
+) -> AsyncIterator[str]:
+    """A LOGIN role with this password, for one test; what it owns in the database goes too.
+
+    ``database_url`` must name a superuser (the test servers' own role).
+    """
+    name = f"outbox_relay_role_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(database_url)
+    try:
+        # Utility statements take no bound parameters; the server quotes name and password.
+        create = await admin.fetchval(
+            "SELECT format('CREATE ROLE %I LOGIN PASSWORD %L', $1::text, $2::text)",
+            name,
+            password,
+        )
+        await admin.execute(create)
+        if member_of is not None:
+            await admin.execute(f'GRANT "{member_of}" TO "{name}"')
+        yield name
+    finally:
+        await admin.execute(f'DROP OWNED BY "{name}"')
+        await admin.execute(f'DROP ROLE IF EXISTS "{name}"')
+        await admin.close()
+
+
+async def run_service_cli(
+    *args: str, listen_port: int, env: dict[str, str] | None = None, settle: float = 20.0
+) -> tuple[CliResult, dict[str, Any] | None]:
+    """Start a long-running verb, wait for its /health to say within_bounds, then SIGTERM it.
+
+    Returns what it printed and its last /health document (None when it never answered).
+    A process that exits by itself (a refused start) is returned as it is.
+    """
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "outbox_relay",
+        *args,
+        "--listen",
+        f"127.0.0.1:{listen_port}",
+        cwd=REPO,
+        env=cli_env() if env is None else env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    collected = asyncio.ensure_future(proc.communicate())
+    document: dict[str, Any] | None = None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settle
+    while proc.returncode is None and loop.time() < deadline:
+        await asyncio.sleep(0.3)
+        document = await _health_document(listen_port) or document
+        if document is not None and document.get("classification") == "within_bounds":
+            break
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        out, err = await asyncio.wait_for(collected, 30.0)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    assert proc.returncode is not None
+    return CliResult(proc.returncode, out.decode(), err.decode()), document
+
+
+async def _health_document(port: int) -> dict[str, Any] | None:
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 2.0)
+    except (OSError, TimeoutError):
+        return None
+    try:
+        writer.write(b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        raw = await asyncio.wait_for(reader.read(), 5.0)
+    except (OSError, TimeoutError):
+        return None
+    finally:
+        writer.close()
+    _, _, body = raw.partition(b"\r\n\r\n")
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    return document if isinstance(document, dict) else None
