@@ -118,15 +118,6 @@ def _earlier_0003() -> str:
     return (MIGRATIONS_DIR / SHIPPED[2]).read_text().replace(OWNERSHIP_NOTE, "", 1)
 
 
-def _shipped_with_earlier_0003(target: Path) -> Path:
-    """The shipped migrations as a database migrated before the note saw them."""
-    target.mkdir()
-    for name in SHIPPED[:2]:
-        shutil.copy(MIGRATIONS_DIR / name, target / name)
-    (target / SHIPPED[2]).write_text(_earlier_0003())
-    return target
-
-
 def test_0003_documents_the_ownership_it_needs() -> None:
     header = (MIGRATIONS_DIR / SHIPPED[2]).read_text().split("\n\n", 1)[0]
     assert OWNERSHIP_NOTE in header + "\n"
@@ -137,7 +128,11 @@ def test_0003_documents_the_ownership_it_needs() -> None:
 async def test_a_database_migrated_before_the_note_stays_up_to_date(
     empty_database_url: str, tmp_path: Path
 ) -> None:
-    earlier = _shipped_with_earlier_0003(tmp_path / "earlier")
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    for name in SHIPPED[:2]:
+        shutil.copy(MIGRATIONS_DIR / name, earlier / name)
+    (earlier / SHIPPED[2]).write_text(_earlier_0003())
     conn = await asyncpg.connect(empty_database_url)
     try:
         await apply(conn, load_migrations(earlier))
@@ -155,7 +150,11 @@ async def test_a_database_migrated_before_the_note_stays_up_to_date(
 async def test_a_statement_change_behind_the_earlier_checksum_is_still_refused(
     empty_database_url: str, tmp_path: Path
 ) -> None:
-    earlier = _shipped_with_earlier_0003(tmp_path / "earlier")
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    for name in SHIPPED[:2]:
+        shutil.copy(MIGRATIONS_DIR / name, earlier / name)
+    (earlier / SHIPPED[2]).write_text(_earlier_0003())
     edited = tmp_path / "edited"
     shutil.copytree(earlier, edited)
     index_file = edited / SHIPPED[2]
