@@ -2,10 +2,6 @@
 -- Partial indexes the health probes read. Built CONCURRENTLY so the scoring
 -- service's writes are never blocked; each statement runs on its own, outside a
 -- transaction. Their size follows the active sets, not the terminal history.
---
--- Building an index needs ownership of its table: where the scoring service created
--- scoring_job_state, run migrate as its owner or as a member of the owning role.
--- migrate checks this before it applies anything and names the owner when it is missing.
 
 CREATE INDEX CONCURRENTLY IF NOT EXISTS scoring_job_state_active_created_idx
     ON scoring_job_state (created_at)

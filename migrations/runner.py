@@ -84,26 +84,6 @@ class Migration:
 
 
 @dataclass(frozen=True)
-class _CommentOnlyRevision:
-    """An earlier text of a shipped file that differs from today's in comments only."""
-
-    earlier_checksum: str  # what databases migrated with that text recorded
-    statements_checksum: str  # the statements both texts share
-
-
-# A checksum covers the whole file, comments included, so any edit is refused. These
-# are the deliberate exceptions: each pins the statements as well, so an edit beyond
-# the comments is still refused.
-_COMMENT_ONLY_REVISIONS: dict[int, _CommentOnlyRevision] = {
-    # 0003's header comment gained the note on ownership of scoring_job_state.
-    3: _CommentOnlyRevision(
-        earlier_checksum="7097fb24543e19b2a7ee4921e1a17de0e1fc2e71a870dbb421db319d1ebb53b7",
-        statements_checksum="85ff32d014aef8e01b9c1f19b016ac52e105fab97d2e98f5702e643227e8cd64",
-    ),
-}
-
-
-@dataclass(frozen=True)
 class MigrationStatus:
     """What ``migrate --verify`` found."""
 
@@ -223,29 +203,12 @@ def _check_history(
             raise MigrationError(
                 f"the database has migration {version:04d}_{name} that this build does not ship"
             )
-        if not _recorded_as(migration, checksum):
+        if migration.checksum != checksum:
             raise MigrationError(
                 f"migration {migration.file_name} changed after it was applied "
                 "(checksum differs); restore the applied file and add a new migration instead"
             )
     return [m for m in migrations if m.version not in applied]
-
-
-def _statements_checksum(sql: str) -> str:
-    """sha256 of a file's statements alone: the same for texts that differ in comments only."""
-    return hashlib.sha256(";\n".join(split_statements(sql)).encode("utf-8")).hexdigest()
-
-
-def _recorded_as(migration: Migration, recorded_checksum: str) -> bool:
-    """Whether the database's record is of this file, or of a comment-only earlier text of it."""
-    if recorded_checksum == migration.checksum:
-        return True
-    revision = _COMMENT_ONLY_REVISIONS.get(migration.version)
-    return (
-        revision is not None
-        and recorded_checksum == revision.earlier_checksum
-        and _statements_checksum(migration.sql) == revision.statements_checksum
-    )
 
 
 async def verify(conn: asyncpg.Connection, migrations: list[Migration]) -> MigrationStatus:

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import secrets
-import shutil
-from pathlib import Path
 from urllib.parse import quote, urlsplit
 
 import asyncpg
 import pytest
 
-from contracts.errors import MigrationError
-from migrations.runner import apply, load_migrations, require_migrated, verify
 from tests.foundation.support import (
     MIGRATIONS_DIR,
     SHIPPED,
@@ -101,70 +96,3 @@ async def test_migrate_without_ownership_of_scoring_job_state_fails_in_one_line_
             assert "applied 3 migration(s)" in applied.stdout
         finally:
             await admin.close()
-
-
-# -- 0003 says what it needs ------------------------------------------------------------------
-# The note 0003's header comment gained; the file was shipped and applied without it.
-OWNERSHIP_NOTE = """--
--- Building an index needs ownership of its table: where the scoring service created
--- scoring_job_state, run migrate as its owner or as a member of the owning role.
--- migrate checks this before it applies anything and names the owner when it is missing.
-"""
-# The checksum every database migrated before the note recorded for 0003.
-EARLIER_0003_CHECKSUM = "7097fb24543e19b2a7ee4921e1a17de0e1fc2e71a870dbb421db319d1ebb53b7"
-
-
-def _earlier_0003() -> str:
-    return (MIGRATIONS_DIR / SHIPPED[2]).read_text().replace(OWNERSHIP_NOTE, "", 1)
-
-
-def test_0003_documents_the_ownership_it_needs() -> None:
-    header = (MIGRATIONS_DIR / SHIPPED[2]).read_text().split("\n\n", 1)[0]
-    assert OWNERSHIP_NOTE in header + "\n"
-    # Without the note, it is byte for byte the file databases recorded.
-    assert hashlib.sha256(_earlier_0003().encode()).hexdigest() == EARLIER_0003_CHECKSUM
-
-
-async def test_a_database_migrated_before_the_note_stays_up_to_date(
-    empty_database_url: str, tmp_path: Path
-) -> None:
-    earlier = tmp_path / "earlier"
-    earlier.mkdir()
-    for name in SHIPPED[:2]:
-        shutil.copy(MIGRATIONS_DIR / name, earlier / name)
-    (earlier / SHIPPED[2]).write_text(_earlier_0003())
-    conn = await asyncpg.connect(empty_database_url)
-    try:
-        await apply(conn, load_migrations(earlier))
-        assert (
-            await conn.fetchval("SELECT checksum FROM outbox_relay_migration WHERE version = 3")
-            == EARLIER_0003_CHECKSUM
-        )
-        assert (await verify(conn, load_migrations())).up_to_date
-        assert await apply(conn, load_migrations()) == []
-        await require_migrated(conn, load_migrations())
-    finally:
-        await conn.close()
-
-
-async def test_a_statement_change_behind_the_earlier_checksum_is_still_refused(
-    empty_database_url: str, tmp_path: Path
-) -> None:
-    earlier = tmp_path / "earlier"
-    earlier.mkdir()
-    for name in SHIPPED[:2]:
-        shutil.copy(MIGRATIONS_DIR / name, earlier / name)
-    (earlier / SHIPPED[2]).write_text(_earlier_0003())
-    edited = tmp_path / "edited"
-    shutil.copytree(earlier, edited)
-    index_file = edited / SHIPPED[2]
-    index_file.write_text(
-        (MIGRATIONS_DIR / SHIPPED[2]).read_text().replace("(created_at)", "(updated_at)", 1)
-    )
-    conn = await asyncpg.connect(empty_database_url)
-    try:
-        await apply(conn, load_migrations(earlier))
-        with pytest.raises(MigrationError, match=r"0003_scoring_job_health_indexes\.sql changed"):
-            await verify(conn, load_migrations(edited))
-    finally:
-        await conn.close()
