@@ -373,7 +373,6 @@ EVERYTHING = Switch(flag="--all", verbs=frozenset({REDRIVE}), help="every quaran
 GRANT_TO = Text(
     flag="--to",
     verbs=frozenset({GRANT}),
-    required_because="the existing role to give privileges to",
     help="existing database role",
 )
 GRANT_AS = Repeated(
@@ -512,9 +511,12 @@ def _redrive(args: argparse.Namespace, environ: Environ) -> RedriveSettings:
 
 
 def _grant(args: argparse.Namespace, environ: Environ) -> GrantSettings:
+    role = GRANT_TO.value(args, environ)
+    if role is None:  # --to has no variable: Text.required would name one
+        raise ConfigError("--to is required: the existing role to give privileges to")
     return GrantSettings(
         database_url=_database_url(args, environ),
-        role=GRANT_TO.required(args, environ),
+        role=role,
         parts=parse_parts(GRANT_AS.values(args)),
         print_only=PRINT_ONLY.value(args, environ),
     )
