@@ -171,3 +171,17 @@ async def test_the_writer_cannot_delete_outbox_rows_or_receipts(
     )
     await _refused(writer.url, "DELETE FROM scoring_job_state")
     await _refused(writer.url, "UPDATE scoring_job_state SET max_attempts = 9")
+
+
+async def test_a_sidecar_role_without_its_grant_is_unknown_naming_the_refusal(
+    database_url: str, make_role: MakeRole
+) -> None:
+    bare = await make_role("bare")
+    report = await evaluate_once(
+        bare.url, loose_policy(), receipt_retention_ms=RECEIPT_RETENTION_MS
+    )
+    assert report.classification is Classification.UNKNOWN
+    text, code = await check(bare.url, loose_policy(), receipt_retention_ms=RECEIPT_RETENTION_MS)
+    assert code == 3
+    assert "permission denied on a table the probe reads (42501)" in text
+    assert bare.password not in text

@@ -1,0 +1,98 @@
+"""``outbox-relay`` as operators run it, in its own process, with everything it prints kept."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+POLICY_ALL_DISABLED = """
+[outbox]
+enabled = false
+[scoring_jobs]
+enabled = false
+[completion_outbox]
+enabled = false
+[relay]
+enabled = false
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def policy_file(directory: Path, text: str = POLICY_ALL_DISABLED) -> str:
+    path = directory / "policy.toml"
+    path.write_text(text)
+    return str(path)
+
+
+class Service:
+    """A running ``outbox-relay run``: its output lines, its HTTP endpoints, its process list."""
+
+    def __init__(self, env: Mapping[str, str], *args: str) -> None:
+        self.port = free_port()
+        self.lines: list[str] = []
+        full_env = {**env, "HEALTH_LISTEN_ADDR": f"127.0.0.1:{self.port}"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "outbox_relay", "run", *args],
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for_line(self, predicate: Callable[[str], bool], timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if predicate(line):
+                    return line
+            if self.process.poll() is not None and not self._reader.is_alive():
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"no such line; output was: {self.lines}")
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as reply:
+                return reply.status, reply.read().decode("utf-8")
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode("utf-8")
+
+    def stop(self) -> int:
+        """SIGTERM, wait, and return the exit code (the output stays in ``lines``)."""
+        if self.process.poll() is None:
+            self.process.terminate()
+        code = self.process.wait(timeout=30)
+        self._reader.join(timeout=5)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        return code
+
+
+def process_list(*pids: int) -> str:
+    """The full command lines of ``pids`` as any user of the machine sees them in ``ps``."""
+    selected = ",".join(str(pid) for pid in pids)
+    return subprocess.run(
+        ["ps", "-ww", "-o", "pid=,args=", "-p", selected],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
