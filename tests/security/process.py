@@ -12,16 +12,26 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-POLICY_ALL_DISABLED = """
-[outbox]
-enabled = false
-[scoring_jobs]
-enabled = false
-[completion_outbox]
-enabled = false
-[relay]
-enabled = false
-"""
+from tests.relay.test_process import POLICY_ALL_DISABLED
+
+# Only the outbox family: a report with no family enabled would not need the database.
+POLICY_OUTBOX_ONLY = POLICY_ALL_DISABLED.replace(
+    "[outbox]\nenabled = false",
+    "[outbox]\nmax_pending_count = 10000\nmax_pending_age_ms = 60000\n"
+    "max_quarantined_count = 0\ngates_readiness = true",
+)
+
+
+def run_cli(*args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``outbox-relay ARGS`` to completion, its output kept apart."""
+    return subprocess.run(
+        [sys.executable, "-m", "outbox_relay", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def free_port() -> int:

@@ -7,9 +7,6 @@ covers every table, sequence and function of the schema, effective privileges in
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import asyncpg
 import pytest
 
@@ -26,6 +23,7 @@ from migrations.grants import (
 from migrations.runner import apply, load_migrations
 from tests.security import matrix
 from tests.security.conftest import MakeRole
+from tests.security.process import run_cli
 from tests.security.roles import create_login_role, drop_role, grant, privilege_matrix
 
 
@@ -143,22 +141,12 @@ async def test_pg_read_all_stats_is_a_separate_step_with_its_reason(
     assert plan.privileged_steps == ()
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "outbox_relay", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 async def test_cli_print_shows_the_sql_and_changes_nothing(
     db: asyncpg.Connection, database_url: str, make_role: MakeRole
 ) -> None:
     role = await make_role("print")
     before = await privilege_matrix(db, role.name)
-    done = _cli(
+    done = run_cli(
         "grant", "--database-url", database_url, "--to", role.name, "--as", "relay", "--print"
     )
     assert done.returncode == 0, done.stderr
@@ -174,7 +162,7 @@ async def test_cli_grant_applies_and_says_what_is_left(
 ) -> None:
     role = await make_role("cli")
     argv = ["grant", "--database-url", database_url, "--to", role.name, "--as", "sidecar"]
-    done = _cli(*argv)
+    done = run_cli(*argv)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert (
@@ -198,7 +186,7 @@ async def test_cli_grant_applies_and_says_what_is_left(
 def test_cli_bad_input_is_one_line_and_exit_2(
     database_url: str, argv: list[str], message: str
 ) -> None:
-    done = _cli("grant", "--database-url", database_url, *argv)
+    done = run_cli("grant", "--database-url", database_url, *argv)
     assert done.returncode == 2
     assert done.stdout == ""
     (line,) = done.stderr.splitlines()
@@ -207,7 +195,9 @@ def test_cli_bad_input_is_one_line_and_exit_2(
 
 
 def test_cli_unmigrated_database_is_one_line_and_exit_1(empty_database_url: str) -> None:
-    done = _cli("grant", "--database-url", empty_database_url, "--to", "postgres", "--as", "relay")
+    done = run_cli(
+        "grant", "--database-url", empty_database_url, "--to", "postgres", "--as", "relay"
+    )
     assert done.returncode == 1
     (line,) = done.stderr.splitlines()
     assert (
@@ -227,7 +217,7 @@ async def test_a_missing_grant_is_one_line_naming_it(
     # Only migrate reads the migration record: any other role is refused, and must be told so.
     role = await make_role("relay")
     await grant(database_url, role.name, "relay")
-    done = _cli("migrate", "--verify", "--database-url", role.url)
+    done = run_cli("migrate", "--verify", "--database-url", role.url)
     assert done.returncode in (1, 2)
     (line,) = done.stderr.splitlines()
     assert line.startswith("outbox-relay: error: ") and "outbox_relay_migration" in line

@@ -7,30 +7,15 @@ the wheel is built without it.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from pgconnect import connect
+from tests.security.process import POLICY_OUTBOX_ONLY, run_cli
 from tests.security.roles import as_role
 from tests.security.tls import service_file, untrusted_ca, with_tls
 from tests.services import PostgresServer
-
-# Only the outbox family: a report with no family enabled would not need the database.
-POLICY_OUTBOX_ONLY = """
-[outbox]
-max_pending_count = 10000
-max_pending_age_ms = 60000
-max_quarantined_count = 0
-gates_readiness = true
-[scoring_jobs]
-enabled = false
-[completion_outbox]
-enabled = false
-[relay]
-enabled = false
-"""
 
 
 @pytest.fixture
@@ -45,23 +30,13 @@ def ca() -> str:
     return service_file("PG_TEST_CAFILE")
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "outbox_relay", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 async def test_verify_full_connects(tls_server: PostgresServer, database_url: str, ca: str) -> None:
     conn = await connect(with_tls(database_url, host="localhost", rootcert=ca))
     try:
         assert await conn.fetchval("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
     finally:
         await conn.close()
-    done = _cli(
+    done = run_cli(
         "migrate",
         "--verify",
         "--database-url",
@@ -77,7 +52,7 @@ async def test_check_over_verify_full_is_within_bounds(
     policy = tmp_path / "policy.toml"
     policy.write_text(POLICY_OUTBOX_ONLY)
     url = with_tls(database_url, host="localhost", rootcert=ca)
-    done = _cli("check", "--policy", str(policy), "--database-url", url)
+    done = run_cli("check", "--policy", str(policy), "--database-url", url)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -95,7 +70,7 @@ async def test_an_untrusted_server_certificate_is_one_line_naming_it(
         "outbox",
         "s3cr3t-pg-pw",
     )
-    done = _cli("migrate", "--verify", "--database-url", url)
+    done = run_cli("migrate", "--verify", "--database-url", url)
     assert done.returncode == 2
     line = _one_line(done, "s3cr3t-pg-pw")
     assert line.startswith("outbox-relay: error: cannot connect to localhost:")
@@ -106,7 +81,7 @@ async def test_a_host_name_the_certificate_does_not_carry_is_one_line_naming_it(
     tls_server: PostgresServer, database_url: str, ca: str
 ) -> None:
     url = as_role(with_tls(database_url, host="127.0.0.1", rootcert=ca), "outbox", "s3cr3t-pg-pw")
-    done = _cli("migrate", "--verify", "--database-url", url)
+    done = run_cli("migrate", "--verify", "--database-url", url)
     assert done.returncode == 2
     line = _one_line(done, "s3cr3t-pg-pw")
     assert line.startswith("outbox-relay: error: cannot connect to 127.0.0.1:")
@@ -124,7 +99,7 @@ async def test_check_names_an_untrusted_certificate_not_the_url(
     policy = tmp_path / "policy.toml"
     policy.write_text(POLICY_OUTBOX_ONLY)
     url = with_tls(database_url, host="localhost", rootcert=untrusted_ca(tmp_path))
-    done = _cli("check", "--policy", str(policy), "--database-url", url)
+    done = run_cli("check", "--policy", str(policy), "--database-url", url)
     assert done.returncode == 3, done.stdout
     assert "could not be parsed" not in done.stdout
     assert "database unavailable: server certificate not trusted" in done.stdout

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -25,7 +24,7 @@ from tests.security.kafka_acl import (
     listener,
     topics_with_acls,
 )
-from tests.security.process import Service, process_list
+from tests.security.process import Service, process_list, run_cli
 from tests.security.roles import LoginRole, grant
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,9 +46,8 @@ def _passfile(directory: Path, database_url: str, role: LoginRole, password: str
 
 
 def _cli(env: dict[str, str], *args: str) -> tuple[list[str], str]:
-    argv = [sys.executable, "-m", "outbox_relay", *args]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
-    return argv, done.stdout + done.stderr
+    done = run_cli(*args, env=env)
+    return [sys.executable, "-m", "outbox_relay", *args], done.stdout + done.stderr
 
 
 async def test_no_secret_appears_in_logs_errors_endpoints_or_the_process_list(
