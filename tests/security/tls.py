@@ -7,7 +7,6 @@ from pathlib import Path
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import pytest
-import trustme
 
 
 def service_file(variable: str) -> str:
@@ -24,6 +23,9 @@ def service_file(variable: str) -> str:
 
 def untrusted_ca(directory: Path) -> str:
     """A freshly made CA's certificate: real, valid, and not the one that signed the servers."""
+    # Imported here: only the tests that need a wrong CA need the package.
+    import trustme
+
     path = directory / "untrusted-ca.pem"
     path.write_bytes(trustme.CA().cert_pem.bytes())
     return str(path)
