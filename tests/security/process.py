@@ -80,11 +80,14 @@ class Service:
         raise AssertionError(f"no such line; output was: {self.lines}")
 
     def get(self, path: str) -> tuple[int, str]:
+        """The endpoint's status and body; status 0 while nothing listens."""
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as reply:
                 return reply.status, reply.read().decode("utf-8")
         except urllib.error.HTTPError as error:
             return error.code, error.read().decode("utf-8")
+        except (urllib.error.URLError, ConnectionError):
+            return 0, ""  # not listening (yet)
 
     def stop(self) -> int:
         """SIGTERM, wait, and return the exit code (the output stays in ``lines``)."""

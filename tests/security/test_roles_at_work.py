@@ -6,7 +6,9 @@ SASL listeners are in test_kafka_security.py).
 
 from __future__ import annotations
 
+import json
 import uuid
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -19,9 +21,12 @@ from scoring.writer import EventDetails, complete_job
 from tests.health.conftest import RECEIPT_RETENTION_MS, loose_policy, relay_policy
 from tests.relay.harness import INSERT, consume, fast_config, running_relay, wait_until
 from tests.security.conftest import MakeRole
+from tests.security.kafka_acl import environment_without_secrets
+from tests.security.process import Service, policy_file
 from tests.security.roles import grant
 
 DENIED = asyncpg.InsufficientPrivilegeError
+REPO = Path(__file__).resolve().parents[2]
 
 EVERY_TABLE = (
     "outbox",
@@ -185,3 +190,31 @@ async def test_a_sidecar_role_without_its_grant_is_unknown_naming_the_refusal(
     assert code == 3
     assert "permission denied on a table the probe reads (42501)" in text
     assert bare.password not in text
+
+
+def _policy_without_relay_family() -> str:
+    # The example policy, minus the relay family: this sidecar runs without a relay.
+    example = (REPO / "docs" / "policy.example.toml").read_text(encoding="utf-8")
+    before, _, rest = example.partition("[relay]")
+    _, _, after = rest.partition("[evaluation]")
+    return f"{before}[relay]\nenabled = false\n\n[evaluation]{after}"
+
+
+async def test_the_sidecar_process_is_within_bounds_under_its_role(
+    database_url: str, make_role: MakeRole, tmp_path: Path
+) -> None:
+    sidecar = await make_role("sidecar")
+    await grant(database_url, sidecar.name, "sidecar")
+    env = environment_without_secrets()
+    env.update(
+        DATABASE_URL=sidecar.url,
+        OUTBOX_RELAY_POLICY=policy_file(tmp_path, _policy_without_relay_family()),
+    )
+    service = Service(env, "--no-relay")
+    try:
+        await wait_until(lambda: service.get("/health")[0] == 200, timeout=30)
+        _, body = service.get("/health")
+        assert json.loads(body)["classification"] == "within_bounds", body
+        assert service.get("/readyz")[0] == 200
+    finally:
+        assert service.stop() == 0
