@@ -77,16 +77,20 @@ def listener(name: str) -> Listener:
 
 @contextlib.asynccontextmanager
 async def topics_with_acls(
-    plaintext_bootstrap: str, prefix: str, topics: list[str], principal: str
+    plaintext_bootstrap: str,
+    prefix: str,
+    topics: list[str],
+    principal: str,
+    operations: tuple[int, ...] = RELAY_TOPIC_OPERATIONS,
 ) -> AsyncIterator[None]:
-    """Create ``topics`` and allow ``principal`` only the relay's operations on ``prefix``."""
+    """Create ``topics`` and allow ``principal`` only ``operations`` on ``prefix``."""
     admin = AIOKafkaAdminClient(bootstrap_servers=plaintext_bootstrap)
     await admin.start()
     try:
         await admin.create_topics(
             [NewTopic(t, num_partitions=3, replication_factor=1) for t in topics]
         )
-        for operation in RELAY_TOPIC_OPERATIONS:
+        for operation in operations:
             response = await admin._send_request(
                 CreateAclsRequest(TOPIC, prefix, PREFIXED, principal, "*", operation, ALLOW)
             )
@@ -94,7 +98,7 @@ async def topics_with_acls(
         yield
     finally:
         with contextlib.suppress(Exception):
-            for operation in RELAY_TOPIC_OPERATIONS:
+            for operation in operations:
                 await admin._send_request(
                     DeleteAclsRequest(TOPIC, prefix, PREFIXED, principal, "*", operation, ALLOW)
                 )

@@ -19,6 +19,7 @@ from relay.config import KafkaSecurity
 from tests.relay.harness import INSERT, consume, fast_config, running_relay, wait_until
 from tests.security.conftest import MakeRole
 from tests.security.kafka_acl import (
+    DESCRIBE,
     Listener,
     ca_file,
     environment_without_secrets,
@@ -73,6 +74,30 @@ async def test_the_relay_publishes_through_each_secured_listener_with_only_the_d
     ids = {dict(r.headers)["id"] for r in records}
     assert len(ids) == EVENTS
     assert await db.fetchval("SELECT count(*) FROM outbox_receipt") == EVENTS
+
+
+async def test_without_write_on_its_topics_the_relay_publishes_nothing(
+    db: asyncpg.Connection,
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_namespace: str,
+) -> None:
+    # The authorizer really decides: DESCRIBE alone is not enough to produce.
+    secured = listener("scram")
+    topic = f"{topic_namespace}.order"
+    async with topics_with_acls(
+        kafka_bootstrap, topic_namespace, [topic], secured.principal, operations=(DESCRIBE,)
+    ):
+        await db.execute(INSERT, "order", "order-1", "order.placed", "{}")
+        config = fast_config(
+            database_url, secured.bootstrap, topic_namespace, kafka_security=security_of(secured)
+        )
+        async with running_relay(config):
+            await wait_until(lambda: db.fetchval("SELECT last_error_class IS NOT NULL FROM outbox"))
+        assert await db.fetchval("SELECT count(*) FROM outbox") == 1
+        assert await db.fetchval("SELECT count(*) FROM outbox_receipt") == 0
+        error_class = await db.fetchval("SELECT last_error_class FROM outbox")
+    assert "authorization" in error_class
 
 
 def _relay_env(
