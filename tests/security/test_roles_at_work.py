@@ -218,3 +218,24 @@ async def test_the_sidecar_process_is_within_bounds_under_its_role(
         assert service.get("/readyz")[0] == 200
     finally:
         assert service.stop() == 0
+
+
+async def test_a_relay_role_without_its_grant_is_unready_naming_the_refusal(
+    database_url: str, make_role: MakeRole, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    bare = await make_role("bare")
+    env = environment_without_secrets()
+    env.update(
+        DATABASE_URL=bare.url,
+        KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap,
+        OUTBOX_RELAY_POLICY=policy_file(tmp_path),
+    )
+    service = Service(env)
+    try:
+        line = service.wait_for_line(lambda text: "database round failed" in text)
+        # 42501 is insufficient_privilege: the role lacks its grant.
+        assert json.loads(line)["cause"] == "server refused (42501)"
+        await wait_until(lambda: service.get("/readyz")[0] == 503)
+    finally:
+        assert service.stop() == 0
+    assert not any(bare.password in text for text in service.lines)
