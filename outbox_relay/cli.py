@@ -23,11 +23,13 @@ from contracts.errors import (
     SchemaNotMigrated,
 )
 from health.commands import check, status
+from migrations.grants import apply_plan, plan_grants, read_facts, render_pending, render_script
 from migrations.runner import apply, load_migrations, require_migrated, verify
 from outbox_relay.logs import configure_logging
 from outbox_relay.options import CHECK, STATUS, VERBS, add_options, resolve, resolve_logging
 from outbox_relay.service import run_service
 from outbox_relay.settings import (
+    GrantSettings,
     HealthReportSettings,
     LogSettings,
     MigrateSettings,
@@ -60,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"outbox-relay {__version__}")
     verbs = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
     for name, text in VERBS:
-        add_options(verbs.add_parser(name, help=text), name)
+        # No abbreviations: `run --to x` must be refused, not read as --topic-template.
+        add_options(verbs.add_parser(name, help=text, allow_abbrev=False), name)
     return parser
 
 
@@ -104,6 +107,8 @@ async def _run_verb(settings: Settings) -> int:
             return await _migrate(settings)
         case RedriveSettings():
             return await _redrive(settings)
+        case GrantSettings():
+            return await _grant(settings)
         case HealthReportSettings():
             return await _health_report(settings)
         case ServiceSettings():
@@ -142,6 +147,24 @@ async def _redrive(settings: RedriveSettings) -> int:
     finally:
         await conn.close()
     print(f"returned {count} quarantined event(s) to the relay")
+    return EXIT_OK
+
+
+async def _grant(settings: GrantSettings) -> int:
+    conn = await connect(settings.database_url)
+    try:
+        await require_migrated(conn, load_migrations())
+        plan = plan_grants(settings.role, settings.parts, await read_facts(conn, settings.role))
+        if settings.print_only:
+            print(render_script(plan))
+            return EXIT_OK
+        await apply_plan(conn, plan)
+    finally:
+        await conn.close()
+    parts = ", ".join(plan.parts)
+    print(f"role {settings.role} now holds exactly what {parts} needs on this database's objects")
+    for line in render_pending(plan):
+        print(line)
     return EXIT_OK
 
 

@@ -19,8 +19,10 @@ from typing import Any
 
 from contracts.errors import ConfigError
 from health.policy import load_policy
+from migrations.grants import parse_parts
 from outbox_relay.settings import (
     DemoOptions,
+    GrantSettings,
     HealthReportSettings,
     LogSettings,
     MigrateSettings,
@@ -33,6 +35,7 @@ from relay.config import KafkaSecurity, RelayConfig, new_instance_id
 from relay.redrive import RedriveFilter
 
 MIGRATE, RUN, CHECK, STATUS, REDRIVE, DEMO = "migrate", "run", "check", "status", "redrive", "demo"
+GRANT = "grant"
 
 # Each verb and its one-line help, in the order ``outbox-relay --help`` lists them.
 VERBS: tuple[tuple[str, str], ...] = (
@@ -41,6 +44,7 @@ VERBS: tuple[tuple[str, str], ...] = (
     (CHECK, "one health evaluation as JSON"),
     (STATUS, "one health evaluation as a table"),
     (REDRIVE, "return quarantined events to the relay"),
+    (GRANT, "give a database role exactly what a part needs"),
     (DEMO, "the whole system with a synthetic scoring workload"),
 )
 EVERY_VERB = frozenset(name for name, _ in VERBS)
@@ -366,6 +370,19 @@ ERROR_CLASS = Text(
     flag="--error-class", verbs=frozenset({REDRIVE}), help="events quarantined with this class"
 )
 EVERYTHING = Switch(flag="--all", verbs=frozenset({REDRIVE}), help="every quarantined event")
+GRANT_TO = Text(
+    flag="--to",
+    verbs=frozenset({GRANT}),
+    help="existing database role",
+)
+GRANT_AS = Repeated(
+    flag="--as",
+    verbs=frozenset({GRANT}),
+    help="writer|relay|sidecar: the part the role runs (repeatable)",
+)
+PRINT_ONLY = Switch(
+    flag="--print", verbs=frozenset({GRANT}), help="print the SQL instead of running it"
+)
 DEMO_JOBS = Integer(
     flag="--jobs",
     env="OUTBOX_RELAY_DEMO_JOBS",
@@ -408,6 +425,9 @@ OPTIONS: tuple[Option, ...] = (
     EVENT_TYPE,
     ERROR_CLASS,
     EVERYTHING,
+    GRANT_TO,
+    GRANT_AS,
+    PRINT_ONLY,
     DEMO_JOBS,
     DEMO_WORKERS,
     EXIT_WHEN_DONE,
@@ -490,6 +510,18 @@ def _redrive(args: argparse.Namespace, environ: Environ) -> RedriveSettings:
     return RedriveSettings(database_url=_database_url(args, environ), selection=selection)
 
 
+def _grant(args: argparse.Namespace, environ: Environ) -> GrantSettings:
+    role = GRANT_TO.value(args, environ)
+    if role is None:  # --to has no variable: Text.required would name one
+        raise ConfigError("--to is required: the existing role to give privileges to")
+    return GrantSettings(
+        database_url=_database_url(args, environ),
+        role=role,
+        parts=parse_parts(GRANT_AS.values(args)),
+        print_only=PRINT_ONLY.value(args, environ),
+    )
+
+
 def _health_report(args: argparse.Namespace, environ: Environ) -> HealthReportSettings:
     return HealthReportSettings(
         policy=load_policy(POLICY.required(args, environ)),
@@ -527,6 +559,7 @@ def _service(args: argparse.Namespace, environ: Environ) -> ServiceSettings:
 _RESOLVERS: dict[str, Callable[[argparse.Namespace, Environ], Settings]] = {
     MIGRATE: _migrate,
     REDRIVE: _redrive,
+    GRANT: _grant,
     CHECK: _health_report,
     STATUS: _health_report,
     RUN: _service,

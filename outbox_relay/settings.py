@@ -38,6 +38,16 @@ class RedriveSettings:
 
 
 @dataclass(frozen=True)
+class GrantSettings:
+    """``grant``: where, which role, which parts, and whether only to print the SQL."""
+
+    database_url: str | None = field(repr=False)
+    role: str
+    parts: tuple[str, ...]
+    print_only: bool
+
+
+@dataclass(frozen=True)
 class HealthReportSettings:
     """``check`` and ``status``: one evaluation, as JSON or as a table."""
 
@@ -89,4 +99,6 @@ class ServiceSettings:
             )
 
 
-Settings = MigrateSettings | RedriveSettings | HealthReportSettings | ServiceSettings
+Settings = (
+    MigrateSettings | RedriveSettings | GrantSettings | HealthReportSettings | ServiceSettings
+)

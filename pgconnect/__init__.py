@@ -81,8 +81,25 @@ def describe_target(url: str | None) -> str:
     return f"{host}:{port}/{database}"
 
 
+# OpenSSL's verification result → what the operator must fix. A host-name mismatch and an
+# unknown issuer need different fixes (the URL's host, or sslrootcert).
+_HOST_NAME_MISMATCH = frozenset({62, 64})  # X509_V_ERR_HOSTNAME_MISMATCH, _IP_ADDRESS_MISMATCH
+_CERTIFICATE_EXPIRED = 10  # X509_V_ERR_CERT_HAS_EXPIRED
+
+
+def _certificate_cause(exc: ssl.SSLCertVerificationError) -> str:
+    if exc.verify_code in _HOST_NAME_MISMATCH:
+        return "server certificate does not match the host name"
+    if exc.verify_code == _CERTIFICATE_EXPIRED:
+        return "server certificate has expired"
+    return "server certificate not trusted (check sslrootcert)"
+
+
 def unavailable_cause(exc: BaseException) -> str:
     """A short, secret-free description of why a connection failed."""
+    # Before the table: a failed verification is also an ssl.SSLError (and a ValueError).
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return _certificate_cause(exc)
     for kind, cause in _CAUSES.items():
         if isinstance(exc, kind):
             return cause
@@ -109,7 +126,7 @@ async def connect(url: str | None, *, timeout: float = 10.0, **kwargs: Any) -> a
         raise DatabaseUnavailable(
             f"cannot connect to {describe_target(url)}: {unavailable_cause(exc)}"
         ) from exc
-    except ValueError as exc:  # asyncpg's DSN parser
+    except ValueError as exc:  # asyncpg's DSN parser (certificate failures are OSErrors above)
         raise ConfigError("--database-url could not be parsed") from exc
 
 

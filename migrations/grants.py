@@ -1,0 +1,361 @@
+"""Which part needs which privilege on which schema object, and the SQL that grants exactly that.
+
+The schema's migrations create the objects; this module says, next to them, what the writer,
+the relay and the health sidecar may do with each. ``outbox-relay grant`` turns the model into
+``REVOKE``/``GRANT`` statements for one existing role: everything the role held on these
+objects is replaced by the union of its parts' needs, so running it again changes nothing and
+running it with fewer parts takes the rest away.
+
+Every table, sequence and function the migrations create has an entry here (the tests hold
+the migrated schema to it), so a migration that adds an object must say who may use it, and
+``grant`` must be run again after ``migrate`` for the new object's privileges.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+import asyncpg
+
+from contracts.errors import ConfigError, OutboxRelayError
+
+WRITER: Final = "writer"
+RELAY: Final = "relay"
+SIDECAR: Final = "sidecar"
+PARTS: Final = (WRITER, RELAY, SIDECAR)
+
+
+class GrantError(OutboxRelayError):
+    """The schema is not migrated, or the server refused a grant (exit 1)."""
+
+
+@dataclass(frozen=True)
+class Access:
+    """What one part may do on one table: whole-table privileges and the columns it may update."""
+
+    privileges: frozenset[str] = frozenset()
+    update_columns: frozenset[str] = frozenset()
+
+
+def _access(*privileges: str, update: Iterable[str] = ()) -> Access:
+    return Access(frozenset(privileges), frozenset(update))
+
+
+# Column-level UPDATE where a part changes only its own bookkeeping: the relay can mark a
+# row failed or quarantined but never rewrite an event, and can move a lane's lease but
+# never renumber lanes.
+_OUTBOX_FAILURE_COLUMNS = ("attempts", "last_error_class", "next_attempt_at", "quarantined_at")
+_RECEIPT_REPUBLISH_COLUMNS = ("topic", "kafka_partition", "kafka_offset", "published_at")
+_LANE_LEASE_COLUMNS = ("owner_id", "fence", "lease_expires_at")
+_INSTANCE_PROGRESS_COLUMNS = ("heartbeat_at", "last_publish_at", "published_total")
+# Every column a scoring transition sets (complete, fail permanently or retryably, claim,
+# expire, cancel); never the job's identity, its request or its attempt budget.
+_JOB_TRANSITION_COLUMNS = (
+    "scoring_state",
+    "attempt_count",
+    "next_attempt_at_unix_ms",
+    "last_failure_code",
+    "active_worker_ref",
+    "active_lease_ref",
+    "active_fencing_token",
+    "active_lease_expires_at_unix_ms",
+    "result_ref",
+    "completed_fencing_token",
+    "updated_at",
+)
+
+# table → part → access. A part missing from a table's entry gets nothing on it.
+TABLES: Final[Mapping[str, Mapping[str, Access]]] = {
+    "outbox": {
+        # INSERT the event; SELECT finds a replayed event's earlier copy (idempotency).
+        WRITER: _access("SELECT", "INSERT"),
+        # SELECT the ready rows, DELETE them once acknowledged, UPDATE failures and redrive.
+        RELAY: _access("SELECT", "DELETE", update=_OUTBOX_FAILURE_COLUMNS),
+        SIDECAR: _access("SELECT"),
+    },
+    "outbox_receipt": {
+        # An event already published is found by its receipt (idempotency).
+        WRITER: _access("SELECT"),
+        # INSERT … ON CONFLICT DO UPDATE records a republished event; DELETE prunes.
+        RELAY: _access("SELECT", "INSERT", "DELETE", update=_RECEIPT_REPUBLISH_COLUMNS),
+        SIDECAR: _access("SELECT"),
+    },
+    "relay_lane": {
+        # The 64 rows are created by the migration; instances only lease them.
+        RELAY: _access("SELECT", update=_LANE_LEASE_COLUMNS),
+        SIDECAR: _access("SELECT"),
+    },
+    "relay_instance": {
+        RELAY: _access("SELECT", "INSERT", "DELETE", update=_INSTANCE_PROGRESS_COLUMNS),
+        SIDECAR: _access("SELECT"),
+    },
+    "scoring_job_state": {
+        # SELECT … FOR UPDATE locks the job; the transitions update its state columns.
+        # Enqueueing (INSERT) stays with the scoring service, which owns the table.
+        WRITER: _access("SELECT", update=_JOB_TRANSITION_COLUMNS),
+        SIDECAR: _access("SELECT"),
+    },
+    # Read and written by `migrate` only, which runs as the schema owner.
+    "outbox_relay_migration": {},
+}
+
+# The outbox's identity sequence: an insert draws from it without any privilege on it.
+SEQUENCES: Final[tuple[str, ...]] = ("outbox_seq_seq",)
+
+# Trigger functions only: a trigger fires without EXECUTE, and nobody calls them directly,
+# so EXECUTE is taken from PUBLIC as well.
+FUNCTIONS: Final[tuple[str, ...]] = ("outbox_relay_notify()",)
+
+STATS_ROLE: Final = "pg_read_all_stats"
+# Why a part wants pg_read_all_stats; without it, other roles' sessions show no transaction
+# start and are left out.
+STATS_REASON: Final[Mapping[str, str]] = {
+    SIDECAR: (
+        "the sidecar must see other roles' open transactions to know which completions may "
+        "still commit and which sessions block the outbox"
+    ),
+    RELAY: "the relay's warning about a long open outbox writer sees only its own role without it",
+}
+
+_SIMPLE_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+def quote_role(name: str) -> str:
+    """A role name as a quoted SQL identifier (always quoted: a role may be called ``user``)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_schema(name: str) -> str:
+    """A schema name, quoted only when it needs it."""
+    return name if _SIMPLE_NAME.match(name) else quote_role(name)
+
+
+def parse_parts(given: Iterable[str]) -> tuple[str, ...]:
+    """The parts named by ``--as``, in model order without repeats; a :class:`ConfigError` for others."""
+    chosen = set()
+    for part in given:
+        if part not in PARTS:
+            raise ConfigError(f"--as must be writer, relay or sidecar, got {part!r}")
+        chosen.add(part)
+    if not chosen:
+        raise ConfigError("--as is required: writer, relay or sidecar (repeatable)")
+    return tuple(part for part in PARTS if part in chosen)
+
+
+def merged_access(table: str, parts: Iterable[str]) -> Access:
+    """What the union of ``parts`` may do on ``table``; whole-table UPDATE wins over columns."""
+    needs = [TABLES[table][part] for part in parts if part in TABLES[table]]
+    privileges = frozenset().union(*(a.privileges for a in needs))
+    columns = frozenset[str]().union(*(a.update_columns for a in needs))
+    return Access(privileges, frozenset() if "UPDATE" in privileges else columns)
+
+
+_PRIVILEGE_ORDER: Final = (
+    "SELECT",
+    "INSERT",
+    "UPDATE",
+    "DELETE",
+    "TRUNCATE",
+    "REFERENCES",
+    "TRIGGER",
+)
+
+
+def _in_order(privileges: frozenset[str]) -> list[str]:
+    return [p for p in _PRIVILEGE_ORDER if p in privileges]
+
+
+def describe_access(access: Access) -> str:
+    """``SELECT, DELETE, UPDATE(a, b)`` — the matrix notation of docs and tests; ``—`` for none."""
+    words = _in_order(access.privileges)
+    if access.update_columns:
+        words.append(f"UPDATE({', '.join(sorted(access.update_columns))})")
+    return ", ".join(words) or "—"
+
+
+# -- the plan (pure) -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SchemaFacts:
+    """What ``grant`` read from the database before deciding anything."""
+
+    schema: str
+    # Objects (table names, sequence names, function signatures) this session may grant on
+    # (it owns them, is a member of their owner, or is a superuser), and the others' owners.
+    grantable: frozenset[str]
+    owners: Mapping[str, str]
+    role_has_schema_usage: bool
+    role_reads_all_stats: bool
+
+
+@dataclass(frozen=True)
+class OwnerStep:
+    """Statements only another role (an object's owner, a superuser) can run, and why."""
+
+    reason: str
+    statements: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GrantPlan:
+    """Statements this session runs, and the steps it must leave to others."""
+
+    role: str
+    parts: tuple[str, ...]
+    statements: tuple[str, ...]
+    owner_steps: tuple[OwnerStep, ...] = field(default=())
+    privileged_steps: tuple[OwnerStep, ...] = field(default=())
+
+
+def _table_statements(schema: str, table: str, role: str, access: Access) -> list[str]:
+    target = f"{quote_schema(schema)}.{table}"
+    # REVOKE ALL on a table also revokes its column privileges: the role ends with exactly
+    # what follows.
+    statements = [f"REVOKE ALL ON TABLE {target} FROM {quote_role(role)}"]
+    if access.privileges:
+        privileges = ", ".join(_in_order(access.privileges))
+        statements.append(f"GRANT {privileges} ON TABLE {target} TO {quote_role(role)}")
+    if access.update_columns:
+        columns = ", ".join(sorted(access.update_columns))
+        statements.append(f"GRANT UPDATE ({columns}) ON TABLE {target} TO {quote_role(role)}")
+    return statements
+
+
+def plan_grants(role: str, parts: tuple[str, ...], facts: SchemaFacts) -> GrantPlan:
+    """The statements that give ``role`` exactly what ``parts`` need, split by who can run them."""
+    schema = quote_schema(facts.schema)
+    ours: list[str] = []
+    others: dict[str, list[str]] = {}
+
+    def place(obj: str, statements: list[str]) -> None:
+        if obj in facts.grantable:
+            ours.extend(statements)
+        else:
+            others.setdefault(obj, []).extend(statements)
+
+    if not facts.role_has_schema_usage:
+        place(f"schema {facts.schema}", [f"GRANT USAGE ON SCHEMA {schema} TO {quote_role(role)}"])
+    for table in TABLES:
+        place(table, _table_statements(facts.schema, table, role, merged_access(table, parts)))
+    for sequence in SEQUENCES:
+        place(sequence, [f"REVOKE ALL ON SEQUENCE {schema}.{sequence} FROM {quote_role(role)}"])
+    for function in FUNCTIONS:
+        target = f"{schema}.{function}"
+        place(
+            function,
+            [
+                f"REVOKE ALL ON FUNCTION {target} FROM {quote_role(role)}",
+                f"REVOKE EXECUTE ON FUNCTION {target} FROM PUBLIC",
+            ],
+        )
+    owner_steps = tuple(
+        OwnerStep(
+            reason=f"{obj} is owned by {facts.owners.get(obj, 'another role')}, "
+            "which this session is not; that owner must run",
+            statements=tuple(statements),
+        )
+        for obj, statements in others.items()
+    )
+    privileged: list[OwnerStep] = []
+    wanting = [STATS_REASON[p] for p in parts if p in STATS_REASON]
+    if wanting and not facts.role_reads_all_stats:
+        privileged.append(
+            OwnerStep(
+                reason=f"separate step, for a superuser (or a role with ADMIN on {STATS_ROLE}): "
+                + "; ".join(wanting),
+                statements=(f"GRANT {STATS_ROLE} TO {quote_role(role)}",),
+            )
+        )
+    return GrantPlan(role, parts, tuple(ours), owner_steps, tuple(privileged))
+
+
+def render_script(plan: GrantPlan) -> str:
+    """The whole plan as a SQL script: this session's part in one transaction, then the others."""
+    lines = [f"-- outbox-relay grant: {', '.join(plan.parts)} for role {plan.role}", "BEGIN;"]
+    lines += [f"{statement};" for statement in plan.statements]
+    lines.append("COMMIT;")
+    for step in (*plan.owner_steps, *plan.privileged_steps):
+        lines.append(f"-- {step.reason}:")
+        lines += [f"{statement};" for statement in step.statements]
+    return "\n".join(lines)
+
+
+def render_pending(plan: GrantPlan) -> list[str]:
+    """After applying: one line per step left to others, each followed by its statements."""
+    lines = []
+    for step in (*plan.owner_steps, *plan.privileged_steps):
+        lines.append(f"{step.reason}:")
+        lines += [f"  {statement};" for statement in step.statements]
+    return lines
+
+
+# -- the database --------------------------------------------------------------------------------
+# The schema is wherever `outbox` resolves on this session's search_path (migrate created
+# every object there).
+_SCHEMA_OF_OUTBOX = """
+SELECT n.nspname FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = to_regclass('outbox')
+"""
+
+_ROLE_FACTS = """
+SELECT has_schema_privilege(r.oid, $2::text, 'USAGE'),
+       pg_has_role(r.oid, 'pg_read_all_stats', 'MEMBER')
+FROM pg_catalog.pg_roles r WHERE r.rolname = $1
+"""
+
+# Relations and functions of the schema with their owner and whether this session acts as
+# the owner (membership with inheritance; superusers are members of every role).
+_OBJECTS = """
+SELECT c.relname AS name, pg_get_userbyid(c.relowner) AS owner,
+       pg_has_role(current_user, c.relowner, 'USAGE') AS ours
+FROM pg_catalog.pg_class c
+WHERE c.relnamespace = $1::regnamespace AND c.relkind IN ('r', 'p', 'S')
+UNION ALL
+SELECT p.proname || '()', pg_get_userbyid(p.proowner),
+       pg_has_role(current_user, p.proowner, 'USAGE')
+FROM pg_catalog.pg_proc p
+WHERE p.pronamespace = $1::regnamespace AND p.pronargs = 0
+UNION ALL
+SELECT 'schema ' || n.nspname, pg_get_userbyid(n.nspowner),
+       pg_has_role(current_user, n.nspowner, 'USAGE')
+FROM pg_catalog.pg_namespace n WHERE n.oid = $1::regnamespace
+"""
+
+
+async def read_facts(conn: asyncpg.Connection, role: str) -> SchemaFacts:
+    """Find the schema, check the role exists and read who owns what; refuse an unmigrated schema."""
+    schema = await conn.fetchval(_SCHEMA_OF_OUTBOX)
+    if schema is None:
+        raise GrantError("the outbox table is not there: run `outbox-relay migrate` first")
+    role_row = await conn.fetchrow(_ROLE_FACTS, role, schema)
+    if role_row is None:
+        raise ConfigError(f"role {role!r} does not exist: create the login role first")
+    rows = await conn.fetch(_OBJECTS, schema)
+    owners = {row["name"]: row["owner"] for row in rows}
+    expected = [*TABLES, *SEQUENCES, *FUNCTIONS]
+    missing = [name for name in expected if name not in owners]
+    if missing:
+        raise GrantError(
+            f"schema {schema} lacks {', '.join(missing)}: run `outbox-relay migrate` first"
+        )
+    return SchemaFacts(
+        schema=schema,
+        grantable=frozenset(row["name"] for row in rows if row["ours"]),
+        owners=owners,
+        role_has_schema_usage=bool(role_row[0]),
+        role_reads_all_stats=bool(role_row[1]),
+    )
+
+
+async def apply_plan(conn: asyncpg.Connection, plan: GrantPlan) -> None:
+    """Run this session's statements in one transaction: the role never holds half a change."""
+    try:
+        async with conn.transaction():
+            for statement in plan.statements:
+                await conn.execute(statement)
+    except asyncpg.PostgresError as exc:
+        # The server's message names a privilege and an object, never connection secrets.
+        raise GrantError(f"grant failed: {exc.sqlstate} {exc.message}") from exc

@@ -1,0 +1,31 @@
+"""Login roles created per test and dropped after it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import asyncpg
+import pytest_asyncio
+
+from tests.security.roles import LoginRole, create_login_role, drop_role
+
+MakeRole = Callable[[str], Awaitable[LoginRole]]
+
+
+@pytest_asyncio.fixture
+async def make_role(database_url: str) -> AsyncIterator[MakeRole]:
+    """Create login roles on this test's database; each is dropped when the test ends."""
+    admin = await asyncpg.connect(database_url)
+    created: list[str] = []
+
+    async def make(label: str) -> LoginRole:
+        role = await create_login_role(admin, database_url, label)
+        created.append(role.name)
+        return role
+
+    try:
+        yield make
+    finally:
+        for name in created:
+            await drop_role(admin, name)
+        await admin.close()

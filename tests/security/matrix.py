@@ -1,0 +1,53 @@
+"""The expected privilege matrix, written out by hand: the model must produce exactly this.
+
+Notation as in docs/security.md: whole-table privileges, then column-level ones.
+"""
+
+from __future__ import annotations
+
+from tests.security.roles import NONE
+
+_NOTHING = {
+    "outbox": NONE,
+    "outbox_receipt": NONE,
+    "relay_lane": NONE,
+    "relay_instance": NONE,
+    "scoring_job_state": NONE,
+    "outbox_relay_migration": NONE,
+    "sequence outbox_seq_seq": NONE,
+    "function outbox_relay_notify()": NONE,
+    "schema public": "USAGE",
+}
+
+WRITER = {
+    **_NOTHING,
+    "outbox": "SELECT, INSERT",
+    "outbox_receipt": "SELECT",
+    "scoring_job_state": "SELECT, UPDATE(active_fencing_token, active_lease_expires_at_unix_ms, "
+    "active_lease_ref, active_worker_ref, attempt_count, completed_fencing_token, "
+    "last_failure_code, next_attempt_at_unix_ms, result_ref, scoring_state, updated_at)",
+}
+
+RELAY = {
+    **_NOTHING,
+    "outbox": "SELECT, DELETE, UPDATE(attempts, last_error_class, next_attempt_at, quarantined_at)",
+    "outbox_receipt": "SELECT, INSERT, DELETE, "
+    "UPDATE(kafka_offset, kafka_partition, published_at, topic)",
+    "relay_lane": "SELECT, UPDATE(fence, lease_expires_at, owner_id)",
+    "relay_instance": "SELECT, INSERT, DELETE, "
+    "UPDATE(heartbeat_at, last_publish_at, published_total)",
+}
+
+SIDECAR = {
+    **_NOTHING,
+    "outbox": "SELECT",
+    "outbox_receipt": "SELECT",
+    "relay_lane": "SELECT",
+    "relay_instance": "SELECT",
+    "scoring_job_state": "SELECT",
+}
+
+# `run` without --no-relay: one process, one role, both parts.
+RELAY_AND_SIDECAR = {**RELAY, "scoring_job_state": "SELECT"}
+
+BY_PART = {"writer": WRITER, "relay": RELAY, "sidecar": SIDECAR}

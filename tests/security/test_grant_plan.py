@@ -1,0 +1,163 @@
+"""The privilege model and the plan built from it: pure, no database."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from contracts.errors import ConfigError
+from migrations.grants import (
+    PARTS,
+    TABLES,
+    Access,
+    SchemaFacts,
+    describe_access,
+    merged_access,
+    parse_parts,
+    plan_grants,
+    quote_role,
+    quote_schema,
+    render_pending,
+    render_script,
+)
+from tests.security import matrix
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "security.md"
+EVERY_OBJECT = frozenset({*TABLES, "outbox_seq_seq", "outbox_relay_notify()", "schema public"})
+
+
+def facts(**overrides: object) -> SchemaFacts:
+    values: dict[str, object] = {
+        "schema": "public",
+        "grantable": EVERY_OBJECT,
+        "owners": {name: "owner" for name in EVERY_OBJECT},
+        "role_has_schema_usage": True,
+        "role_reads_all_stats": False,
+    }
+    values.update(overrides)
+    return SchemaFacts(**values)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        (["relay"], ("relay",)),
+        (["sidecar", "relay", "sidecar"], ("relay", "sidecar")),
+        (["sidecar", "writer"], ("writer", "sidecar")),
+    ],
+)
+def test_parts_come_back_in_model_order_without_repeats(
+    given: list[str], expected: tuple[str, ...]
+) -> None:
+    assert parse_parts(given) == expected
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ([], "--as is required"),
+        (["scorer"], "--as must be writer, relay or sidecar, got 'scorer'"),
+        (["relay", "Relay"], "got 'Relay'"),
+    ],
+)
+def test_unknown_or_missing_parts_are_config_errors(given: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_parts(given)
+
+
+@pytest.mark.parametrize(
+    ("name", "quoted"),
+    [("relay", '"relay"'), ("user", '"user"'), ('we"ird', '"we""ird"'), ("Mixed", '"Mixed"')],
+)
+def test_roles_are_always_quoted(name: str, quoted: str) -> None:
+    assert quote_role(name) == quoted
+
+
+@pytest.mark.parametrize(
+    ("name", "quoted"), [("public", "public"), ("app_1", "app_1"), ("App", '"App"')]
+)
+def test_schemas_are_quoted_when_they_need_it(name: str, quoted: str) -> None:
+    assert quote_schema(name) == quoted
+
+
+@pytest.mark.parametrize("part", PARTS)
+def test_the_model_is_the_hand_written_matrix(part: str) -> None:
+    for table in TABLES:
+        assert describe_access(merged_access(table, [part])) == matrix.BY_PART[part][table], table
+
+
+def test_whole_table_update_wins_over_columns() -> None:
+    merged = Access(frozenset({"SELECT", "UPDATE"}))
+    assert describe_access(merged) == "SELECT, UPDATE"
+    assert merged_access("outbox", ["relay", "writer"]).update_columns == frozenset(
+        {"attempts", "last_error_class", "next_attempt_at", "quarantined_at"}
+    )
+
+
+def test_docs_show_the_model() -> None:
+    rows = {}
+    for line in DOCS.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and (name := cells[0].strip("`")) in TABLES:
+            rows[name] = dict(zip(PARTS, cells[1:], strict=True))
+    assert set(rows) == set(TABLES)
+    for table, by_part in rows.items():
+        for part, shown in by_part.items():
+            assert shown == describe_access(merged_access(table, [part])), (table, part)
+
+
+def test_a_session_that_owns_everything_runs_everything() -> None:
+    plan = plan_grants("app", ("sidecar",), facts())
+    assert plan.owner_steps == ()
+    assert plan.statements[:2] == (
+        'REVOKE ALL ON TABLE public.outbox FROM "app"',
+        'GRANT SELECT ON TABLE public.outbox TO "app"',
+    )
+    assert "REVOKE EXECUTE ON FUNCTION public.outbox_relay_notify() FROM PUBLIC" in plan.statements
+    assert not any("GRANT USAGE ON SCHEMA" in s for s in plan.statements)
+
+
+def test_objects_of_another_owner_become_that_owners_step() -> None:
+    owners = {name: "owner" for name in EVERY_OBJECT} | {"scoring_job_state": "scoring"}
+    plan = plan_grants(
+        "app", ("writer",), facts(grantable=EVERY_OBJECT - {"scoring_job_state"}, owners=owners)
+    )
+    (step,) = plan.owner_steps
+    assert step.reason.startswith("scoring_job_state is owned by scoring, ")
+    assert all("scoring_job_state" in s for s in step.statements)
+    assert not any("scoring_job_state" in s for s in plan.statements)
+    assert render_pending(plan)[0] == f"{step.reason}:"
+
+
+def test_schema_usage_is_granted_only_when_missing() -> None:
+    plan = plan_grants("app", ("relay",), facts(role_has_schema_usage=False))
+    assert plan.statements[0] == 'GRANT USAGE ON SCHEMA public TO "app"'
+
+
+@pytest.mark.parametrize(
+    ("parts", "reads_all_stats", "asked"),
+    [
+        (("sidecar",), False, True),
+        (("relay",), False, True),
+        (("writer",), False, False),
+        (("relay", "sidecar"), True, False),
+    ],
+)
+def test_pg_read_all_stats_is_asked_for_only_by_parts_that_want_it_and_lack_it(
+    parts: tuple[str, ...], reads_all_stats: bool, asked: bool
+) -> None:
+    plan = plan_grants("app", parts, facts(role_reads_all_stats=reads_all_stats))
+    assert bool(plan.privileged_steps) is asked
+    assert not any("pg_read_all_stats" in s for s in plan.statements)
+
+
+def test_the_script_is_one_transaction_then_the_steps_left_to_others() -> None:
+    plan = plan_grants("app", ("sidecar",), facts())
+    lines = render_script(plan).splitlines()
+    assert lines[0] == "-- outbox-relay grant: sidecar for role app"
+    assert lines[1] == "BEGIN;"
+    commit = lines.index("COMMIT;")
+    assert lines[commit + 1].startswith("-- separate step, for a superuser")
+    assert lines[commit + 2] == 'GRANT pg_read_all_stats TO "app";'

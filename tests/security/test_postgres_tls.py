@@ -1,0 +1,105 @@
+"""PostgreSQL with TLS on: verify-full connects; a wrong CA and a wrong host name are one line.
+
+Only the Debian server has TLS (its certificate names DNS:localhost); PostgreSQL 18 from
+the wheel is built without it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pgconnect import connect
+from tests.security.process import POLICY_OUTBOX_ONLY, run_cli
+from tests.security.roles import as_role
+from tests.security.tls import service_file, untrusted_ca, with_tls
+from tests.services import PostgresServer
+
+
+@pytest.fixture
+def tls_server(pg_server: PostgresServer) -> PostgresServer:
+    if pg_server.name != "pg-debian":
+        pytest.skip("this PostgreSQL build has no TLS support")
+    return pg_server
+
+
+@pytest.fixture
+def ca() -> str:
+    return service_file("PG_TEST_CAFILE")
+
+
+async def test_verify_full_connects(tls_server: PostgresServer, database_url: str, ca: str) -> None:
+    conn = await connect(with_tls(database_url, host="localhost", rootcert=ca))
+    try:
+        assert await conn.fetchval("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+    finally:
+        await conn.close()
+    done = run_cli(
+        "migrate",
+        "--verify",
+        "--database-url",
+        with_tls(database_url, host="localhost", rootcert=ca),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("migrations up to date")
+
+
+async def test_check_over_verify_full_is_within_bounds(
+    tls_server: PostgresServer, database_url: str, ca: str, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY_OUTBOX_ONLY)
+    url = with_tls(database_url, host="localhost", rootcert=ca)
+    done = run_cli("check", "--policy", str(policy), "--database-url", url)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _one_line(done: subprocess.CompletedProcess[str], password: str) -> str:
+    (line,) = done.stderr.splitlines()
+    assert password not in line and "postgresql://" not in line
+    return line
+
+
+async def test_an_untrusted_server_certificate_is_one_line_naming_it(
+    tls_server: PostgresServer, database_url: str, tmp_path: Path
+) -> None:
+    url = as_role(
+        with_tls(database_url, host="localhost", rootcert=untrusted_ca(tmp_path)),
+        "outbox",
+        "s3cr3t-pg-pw",
+    )
+    done = run_cli("migrate", "--verify", "--database-url", url)
+    assert done.returncode == 2
+    line = _one_line(done, "s3cr3t-pg-pw")
+    assert line.startswith("outbox-relay: error: cannot connect to localhost:")
+    assert line.endswith(": server certificate not trusted (check sslrootcert)")
+
+
+async def test_a_host_name_the_certificate_does_not_carry_is_one_line_naming_it(
+    tls_server: PostgresServer, database_url: str, ca: str
+) -> None:
+    url = as_role(with_tls(database_url, host="127.0.0.1", rootcert=ca), "outbox", "s3cr3t-pg-pw")
+    done = run_cli("migrate", "--verify", "--database-url", url)
+    assert done.returncode == 2
+    line = _one_line(done, "s3cr3t-pg-pw")
+    assert line.startswith("outbox-relay: error: cannot connect to 127.0.0.1:")
+    assert line.endswith(": server certificate does not match the host name")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="health.probing.probe_failure reads ssl.SSLCertVerificationError (also a ValueError) "
+    "as an unparsable URL; it must test OSError before ValueError",
+)
+async def test_check_names_an_untrusted_certificate_not_the_url(
+    tls_server: PostgresServer, database_url: str, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY_OUTBOX_ONLY)
+    url = with_tls(database_url, host="localhost", rootcert=untrusted_ca(tmp_path))
+    done = run_cli("check", "--policy", str(policy), "--database-url", url)
+    assert done.returncode == 3, done.stdout
+    assert "could not be parsed" not in done.stdout
+    assert "database unavailable: server certificate not trusted" in done.stdout
