@@ -46,7 +46,8 @@ NOT_MIGRATED = "a table the probe reads is missing (42P01): run `outbox-relay mi
 
 def connect_failure(exc: BaseException) -> str:
     """Why no connection could be had, without driver text: the reason every family gets."""
-    if isinstance(exc, ValueError):  # asyncpg's DSN parser
+    # asyncpg's DSN parser; a certificate failure is a ValueError too, but also an OSError
+    if isinstance(exc, ValueError) and not isinstance(exc, OSError):
         return "database URL could not be parsed"
     # Timeouts included: a connection attempt that timed out says nothing about a probe.
     return f"database unavailable: {unavailable_cause(exc)}"
@@ -68,7 +69,8 @@ def probe_failure(exc: BaseException) -> ProbeFailure:
         return ProbeFailure(f"database refused the probe ({exc.sqlstate})")
     if isinstance(exc, asyncpg.InterfaceError | asyncpg.InternalClientError):
         return ProbeFailure("database connection failed")
-    if isinstance(exc, ValueError):  # asyncpg's DSN parser
+    # asyncpg's DSN parser; a certificate failure is a ValueError too, but also an OSError
+    if isinstance(exc, ValueError) and not isinstance(exc, OSError):
         return ProbeFailure("database URL could not be parsed")
     return ProbeFailure(f"database unavailable: {unavailable_cause(exc)}")
 

@@ -190,7 +190,14 @@ async def _acquire_lock(conn: asyncpg.Connection, timeout: float) -> None:
 async def _applied(conn: asyncpg.Connection) -> dict[int, tuple[str, str]]:
     if not await conn.fetchval(_RECORD_EXISTS):
         return {}
-    return {r["version"]: (r["name"], r["checksum"]) for r in await conn.fetch(_READ_RECORD)}
+    try:
+        rows = await conn.fetch(_READ_RECORD)
+    except asyncpg.InsufficientPrivilegeError:
+        # Only the schema owner reads the migration record (docs/security.md).
+        raise MigrationError(
+            "permission denied on outbox_relay_migration: run migrate as the schema owner"
+        ) from None
+    return {r["version"]: (r["name"], r["checksum"]) for r in rows}
 
 
 def _check_history(

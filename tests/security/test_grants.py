@@ -205,11 +205,6 @@ def test_cli_unmigrated_database_is_one_line_and_exit_2(empty_database_url: str)
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="migrate --verify lets asyncpg's InsufficientPrivilegeError escape as a traceback; "
-    "the CLI must map a PostgresError from the migration record to one line",
-)
 async def test_a_missing_grant_is_one_line_naming_it(
     database_url: str, make_role: MakeRole
 ) -> None:

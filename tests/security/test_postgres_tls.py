@@ -88,11 +88,6 @@ async def test_a_host_name_the_certificate_does_not_carry_is_one_line_naming_it(
     assert line.endswith(": server certificate does not match the host name")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="health.probing.probe_failure reads ssl.SSLCertVerificationError (also a ValueError) "
-    "as an unparsable URL; it must test OSError before ValueError",
-)
 async def test_check_names_an_untrusted_certificate_not_the_url(
     tls_server: PostgresServer, database_url: str, tmp_path: Path
 ) -> None:
