@@ -178,14 +178,15 @@ async def _health_report(settings: HealthReportSettings) -> int:
 
 
 async def _serve(settings: ServiceSettings) -> int:
-    # Fail fast when the database cannot be reached at all: the orchestrator restarts us.
-    conn = await connect(settings.database_url)
-    try:
-        if settings.demo is not None:
-            await apply(conn, load_migrations())
-    finally:
-        await conn.close()
+    # `run` starts without the database: the sidecar serves `unknown` and the relay waits
+    # for it with capped back-off, so an orchestrator sees a live process that says what is
+    # wrong instead of a crash loop. Only the demo needs the database first, to migrate it.
     if settings.demo is not None:
+        conn = await connect(settings.database_url)
+        try:
+            await apply(conn, load_migrations())
+        finally:
+            await conn.close()
         host, port = settings.listen
         print(f"status page: http://{host}:{port}/  (Ctrl-C stops the demo)", flush=True)
     return await run_service(settings)

@@ -26,9 +26,11 @@ from functools import partial
 from typing import Any
 
 import anyio
+import asyncpg
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from contracts.errors import DatabaseUnavailable
 from pgconnect import DB_ERRORS, unavailable_cause
 from relay.config import RelayConfig
 from relay.housekeeping import OBSERVE_EVERY_MS, Housekeeping, run_rounds
@@ -48,6 +50,7 @@ log = logging.getLogger(__name__)
 
 _CONCURRENT_RECORDS = 2
 _IDLE_TICK_MS = 1_000  # an idle loop still shows it is alive this often
+_DATABASE_RETRY_CAP_MS = 30_000  # the longest wait between two tries to reach the database
 
 
 @dataclass
@@ -131,7 +134,9 @@ class Relay:
     async def run(self, stop: anyio.Event) -> None:
         """Relay until ``stop`` is set, then drain in-flight work within the drain timeout."""
         config = self.config
-        pool = await create_relay_pool(config.database_url)
+        pool = await self._connect(stop)
+        if pool is None:
+            return
         store = self._store = RelayStore(pool, instance_id=config.instance_id)
         self._lanes = LaneKeeper(pool, instance_id=config.instance_id, ttl_ms=config.lease_ttl_ms)
         housekeeping = Housekeeping(store, config, self.metrics, self.liveness)
@@ -171,6 +176,34 @@ class Relay:
                 self._producer.reset("stopping with records unanswered")
             await self._producer.stop()
             await pool.close()
+
+    async def _connect(self, stop: anyio.Event) -> asyncpg.Pool | None:
+        """The relay's pool, waiting for the database with capped back-off (an orchestrator
+        restarting us would only back off longer); None if ``stop`` came first. Logs each
+        change of state once. A malformed URL (ConfigError) is not retried."""
+        attempt = 0
+        last_cause = ""
+        while not stop.is_set():
+            try:
+                pool = await create_relay_pool(self.config.database_url)
+            except DatabaseUnavailable as exc:
+                if str(exc) != last_cause:
+                    last_cause = str(exc)
+                    log.warning(
+                        "relay database unavailable, retrying with back-off",
+                        extra={"cause": last_cause, "retry_cap_ms": _DATABASE_RETRY_CAP_MS},
+                    )
+                delay = backoff_ms(
+                    attempt, base_ms=500, cap_ms=_DATABASE_RETRY_CAP_MS, rng=self._rng
+                )
+                attempt += 1
+                with anyio.move_on_after(delay / 1000):
+                    await stop.wait()
+                continue
+            if last_cause:
+                log.info("relay database reachable again")
+            return pool
+        return None
 
     def _every(
         self,

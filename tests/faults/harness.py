@@ -147,7 +147,6 @@ class Relays:
         env = {
             **os.environ,
             **FAST_RELAY,
-            **overrides,
             "DATABASE_URL": self.database_url,
             "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
             "OUTBOX_RELAY_POLICY": str(policy),
@@ -155,6 +154,7 @@ class Relays:
             "OUTBOX_RELAY_INSTANCE_ID": name,
             "OUTBOX_RELAY_LOG_FORMAT": "json",
             "HEALTH_LISTEN_ADDR": f"127.0.0.1:{free_port()}",
+            **overrides,  # a test's own settings win, e.g. a database behind a proxy
         }
         with log_path.open("wb") as log:
             process = subprocess.Popen(
