@@ -27,6 +27,17 @@ class InvalidEnvelope(InvalidArgument):
     """The event's envelope or payload is invalid; nothing was written."""
 
 
+class EventTooLarge(InvalidEnvelope):
+    """The event's payload is larger than the broker would take; nothing was written."""
+
+    def __init__(
+        self, message: str, *, field: str, job_ref: str, size_bytes: int, limit_bytes: int
+    ) -> None:
+        super().__init__(message, field=field, job_ref=job_ref)
+        self.size_bytes = size_bytes
+        self.limit_bytes = limit_bytes
+
+
 class EventIdMismatch(InvalidEnvelope):
     """A caller-supplied event id differs from the one derived from the job and its outcome."""
 

@@ -18,7 +18,7 @@ from contracts.envelope import (
     check_token,
     payload_digest,
 )
-from scoring.errors import EventIdMismatch, InvalidArgument, InvalidEnvelope
+from scoring.errors import EventIdMismatch, EventTooLarge, InvalidArgument, InvalidEnvelope
 from scoring.event_id import OutcomeKind, terminal_event_id
 
 AGGREGATE_TYPE: Final = "scoring_job"
@@ -28,6 +28,11 @@ CAUSE_CODE_MAX_BYTES: Final = 128
 # Millisecond durations stay within a signed 32-bit range (about 24.8 days): far beyond
 # any sane lease or backoff, and no risk of overflowing a bigint expiry.
 MAX_DURATION_MS: Final = 2**31 - 1
+# Kafka's default max.message.bytes is 1,048,588; this leaves room for the record's key,
+# the CloudEvents headers and the batch overhead.
+DEFAULT_MAX_EVENT_BYTES: Final = 1_000_000
+# The outcome time stamped into the envelope later has at most this many digits.
+_OCCURRED_AT_PLACEHOLDER: Final = 9_999_999_999_999
 
 _TRACEPARENT_HEX: Final = frozenset("0123456789abcdef")
 
@@ -44,6 +49,9 @@ class EventDetails:
     event_type: str | None = None  # None: COMPLETED_EVENT_TYPE or FAILED_EVENT_TYPE
     traceparent: str | None = None
     event_id: uuid.UUID | None = None  # when given, must equal the derived id
+    # The largest outbox payload accepted: keep it under the topic's max.message.bytes less
+    # the key, headers and batch overhead. The default fits Kafka's default (1 MiB).
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
 
 
 # -- arguments ---------------------------------------------------------------------------
@@ -162,7 +170,18 @@ def prepare_event(
         )
     except EnvelopeError as exc:
         raise InvalidEnvelope(str(exc), field=exc.field, job_ref=job_ref) from None
-    return PreparedEvent(event_id, job_ref, outcome_ref, envelope, data, details.traceparent)
+    prepared = PreparedEvent(event_id, job_ref, outcome_ref, envelope, data, details.traceparent)
+    size = len(prepared.body(_OCCURRED_AT_PLACEHOLDER).encode("utf-8"))
+    if size > details.max_event_bytes:
+        raise EventTooLarge(
+            f"the event would be {size} bytes, over the {details.max_event_bytes}-byte limit "
+            "(EventDetails.max_event_bytes): the broker could never publish it",
+            field="payload" if kind is OutcomeKind.COMPLETED else "detail",
+            job_ref=job_ref,
+            size_bytes=size,
+            limit_bytes=details.max_event_bytes,
+        )
+    return prepared
 
 
 def prepare_completion_event(

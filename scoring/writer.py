@@ -13,6 +13,7 @@ import asyncpg
 
 from contracts.envelope import JsonValue
 from scoring.events import (
+    DEFAULT_MAX_EVENT_BYTES,
     EventDetails,
     prepare_completion_event,
     prepare_failure_event,
@@ -34,6 +35,7 @@ from scoring.transitions import Decision, JobRow, decide_completion, decide_perm
 # The names docs/writer.md documents under scoring.writer; they live in scoring.events
 # and scoring.outcomes.
 __all__ = [
+    "DEFAULT_MAX_EVENT_BYTES",
     "Completion",
     "CompletionOutcome",
     "Enqueue",

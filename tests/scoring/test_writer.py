@@ -13,6 +13,7 @@ from contracts.envelope import JobCompleted, data_digest, decode_outcome_event
 from scoring.errors import (
     ConflictingReplay,
     EventIdMismatch,
+    EventTooLarge,
     InvalidArgument,
     InvalidEnvelope,
     LeaseExpired,
@@ -22,7 +23,7 @@ from scoring.errors import (
 )
 from scoring.event_id import OutcomeKind, terminal_event_id
 from scoring.worker import ClaimedJob, claim_next_due, enqueue_job, expire_leases
-from scoring.writer import Completion, Enqueue, EventDetails
+from scoring.writer import DEFAULT_MAX_EVENT_BYTES, Completion, Enqueue, EventDetails
 from tests.scoring.conftest import TRACEPARENT, CompleteClaimed
 from tests.scoring.support import (
     COMPLETION,
@@ -407,3 +408,29 @@ async def test_stored_payload_is_the_canonical_body(
         "result_ref": "r-1",
         "result": {"z": 1, "a": [1.5, "é", None]},
     }
+
+
+async def test_an_event_over_the_broker_default_limit_is_refused_before_any_write(
+    db: asyncpg.Connection, complete_claimed: CompleteClaimed
+) -> None:
+    # A completion whose event the broker (default max.message.bytes, 1 MiB) could never
+    # take: it would be quarantined for ever while completion_outbox counts the job covered.
+    before = await job(db)
+    with pytest.raises(EventTooLarge) as caught:
+        await complete_claimed(payload={"blob": "x" * (1024 * 1024)})
+    assert caught.value.field == "payload"
+    assert caught.value.size_bytes > caught.value.limit_bytes == DEFAULT_MAX_EVENT_BYTES
+    assert await job(db) == before
+    assert await events(db) == []
+
+
+async def test_the_event_size_limit_is_the_callers_to_set(
+    db: asyncpg.Connection, details: EventDetails, complete_claimed: CompleteClaimed
+) -> None:
+    small = dataclasses.replace(details, max_event_bytes=2_000)
+    with pytest.raises(EventTooLarge):
+        await complete_claimed(payload={"blob": "x" * 3_000}, event=small)
+    assert await events(db) == []
+    outcome = await complete_claimed(payload={"blob": "x" * 500}, event=small)
+    assert outcome.completion is Completion.COMPLETED
+    assert len(await events(db)) == 1
