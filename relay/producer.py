@@ -10,6 +10,7 @@ from collections.abc import Callable
 import anyio
 from aiokafka import AIOKafkaProducer
 
+from relay.broker_check import bootstrap_failure
 from relay.config import RelayConfig
 from relay.producer_reset import ProducerReset, ProducerWasReset
 from relay.publisher import BatchPublisher, Submission
@@ -95,9 +96,11 @@ class ProducerKeeper:
                 await producer.stop()
                 failure = classify_failure(exc)
                 delay = backoff_ms(attempt, base_ms=500, cap_ms=10_000, rng=self._rng)
+                # The producer's error has no cause: name it from a connection of our own.
+                cause = await bootstrap_failure(self._config)
                 log.warning(
                     "kafka not reachable, retrying",
-                    extra={"error_class": failure.name, "retry_in_ms": delay},
+                    extra={"error_class": failure.name, "cause": cause, "retry_in_ms": delay},
                 )
                 attempt += 1
                 self._on_backoff(delay)

@@ -168,12 +168,6 @@ def test_a_refused_connection_keeps_the_relay_unready_and_prints_no_secret(
         json.loads(line)  # each message is one line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the relay logs every producer start failure as broker_unavailable: aiokafka's "
-    "KafkaConnectionError carries no cause, so relay/ must probe the bootstrap connection "
-    "(aiokafka.conn.create_conn) to tell authentication from certificate failures",
-)
 @pytest.mark.parametrize(
     ("case", "cause"),
     [(0, "authentication"), (1, "certificate")],
