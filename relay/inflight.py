@@ -66,6 +66,10 @@ class InFlightWindow:
         """True when no row is in flight."""
         return not self._lanes
 
+    def seqs(self) -> frozenset[int]:
+        """The rows in flight now: a fetch that may meet them leaves these out."""
+        return frozenset(self._lanes)
+
     def lanes(self) -> set[int]:
         """The lanes with a row in flight: they must not be handed back yet."""
         return set(self._lanes.values())
