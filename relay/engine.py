@@ -40,7 +40,7 @@ from relay.outcome import FailedRow, Outcome, sort_outcome
 from relay.producer import ProducerFactory, ProducerKeeper, make_producer
 from relay.publisher import Submission
 from relay.records import KafkaRecord, OutboxRow, RecordMapper, RecordRejected
-from relay.retry import LANE_LOST, backoff_ms
+from relay.retry import LANE_LOST, NOT_BROKER_FAILURES, backoff_ms
 from relay.store import RelayStore, create_relay_pool
 from relay.wakeups import NotificationListener, WakeUp
 
@@ -374,7 +374,9 @@ class Relay:
                 failed_keys.add(row.aggregateid)
                 records.append(None)
                 rejected[index] = exc
-        submission = await self._producer.submit(records)
+        # Keys held since these rows were fetched are left out where the batches are built:
+        # a batch built after a failure was held carries none of its keys.
+        submission = await self._producer.submit(records, self._window.held_keys())
         submission.failures.update(rejected)
         # Hold the keys now: the next fetch may come before these failures are recorded.
         self._window.hold(rows[index].aggregateid for index in submission.failures)
@@ -420,6 +422,7 @@ class Relay:
         # Until the failure is recorded, the database does not hold the key back yet.
         # Failures found before sending were held back when they were found.
         self._window.hold(row.aggregateid for row, _ in outcome.refused)
+        submission.failures_held()
         if outcome.producer_broken:
             self._producer.broken = True
         return outcome
@@ -442,7 +445,7 @@ class Relay:
             )
         self._producer.note_outcome(
             published=bool(outcome.published),
-            failed_retriably=any(f.retriable for _, f in failed),
+            failed_retriably=any(f.retriable and f not in NOT_BROKER_FAILURES for _, f in failed),
         )
 
     async def _record(self, batch: Batch, outcome: Outcome) -> None:
