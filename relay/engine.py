@@ -128,6 +128,7 @@ class Relay:
         # again only what these hold.
         self._window = InFlightWindow(config.max_in_flight_batches)
         self._last_lane_tick_ok = 0.0
+        self._read_up_to = 0  # the highest seq any fetch has read
         # How long before the local end of a lease the producer is reset if it still
         # holds records of those lanes (the local end is already earlier than the
         # database's: it counts from before the renewal was sent).
@@ -352,8 +353,13 @@ class Relay:
         from earlier fetches, whose rows lie below ``cursor``.
         """
         assert self._store is not None
-        in_flight = self._window.seqs() if not self._window.empty() else frozenset()
+        # Every row in flight was read by some fetch, so none lies above the highest seq
+        # read so far: a fetch from there on (every fetch of an ordinary pass) needs no set.
+        meets_in_flight = cursor < self._read_up_to and not self._window.empty()
+        in_flight = self._window.seqs() if meets_in_flight else frozenset()
         records = await self._store.fetch_ready(lanes, cursor, self.config.batch_size)
+        if records:
+            self._read_up_to = max(self._read_up_to, records[-1]["seq"])
         return Fetched(
             [r for r in records if r["seq"] not in in_flight] if in_flight else records,
             full=len(records) == self.config.batch_size,
