@@ -10,6 +10,7 @@ import re
 import ssl
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from contracts.errors import ConfigError
 
@@ -51,6 +52,16 @@ class KafkaSecurity:
                     "SASL needs --kafka-sasl-username and a password "
                     "(KAFKA_SASL_PASSWORD or --kafka-sasl-password-file)"
                 )
+
+    def client_options(self) -> dict[str, Any]:
+        """The security keywords every aiokafka client of the relay takes (producer, admin)."""
+        return {
+            "security_protocol": self.protocol,
+            "ssl_context": self.ssl_context(),
+            "sasl_mechanism": self.sasl_mechanism or "PLAIN",
+            "sasl_plain_username": self.sasl_username,
+            "sasl_plain_password": self.sasl_password,
+        }
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """A verifying TLS context when the protocol uses TLS."""

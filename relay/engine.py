@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import asyncpg
@@ -42,7 +42,7 @@ from relay.outcome import FailedRow, Outcome, sort_outcome
 from relay.producer import ProducerFactory, ProducerKeeper, make_producer
 from relay.publisher import Submission
 from relay.records import KafkaRecord, OutboxRow, RecordMapper, RecordRejected
-from relay.retry import HELD_BEHIND_FAILURE, LANE_LOST, backoff_ms
+from relay.retry import LANE_LOST, NOT_BROKER_FAILURES, backoff_ms
 from relay.store import RelayStore, create_relay_pool
 from relay.wakeups import NotificationListener, WakeUp
 
@@ -64,28 +64,44 @@ class Batch:
     submission: Submission
 
 
+def _elapsed_ms(since: float) -> float:
+    return (time.monotonic() - since) * 1000
+
+
+class Fetched(NamedTuple):
+    """One fetch: the rows to send, whether the statement's limit was reached, and the
+    last seq it read (the cursor's next position), rows left out included."""
+
+    records: list[Any]
+    full: bool
+    last_seq: int | None
+
+
+_NOTHING_FETCHED = Fetched([], full=False, last_seq=None)
+
+
 class _Prefetch:
     """The next batch's rows, read while the current one is sent; a task in the fetch
     loop's task group fills it."""
 
     def __init__(self) -> None:
         self._done = anyio.Event()
-        self._records: list[Any] = []
+        self._fetched = _NOTHING_FETCHED
         self._error: BaseException | None = None
 
-    async def fill(self, fetch: Callable[[], Awaitable[list[Any]]]) -> None:
+    async def fill(self, fetch: Callable[[], Awaitable[Fetched]]) -> None:
         try:
-            self._records = await fetch()
+            self._fetched = await fetch()
         except DB_ERRORS as exc:  # raised to the fetch loop when it takes the rows
             self._error = exc
         finally:
             self._done.set()
 
-    async def records(self) -> list[Any]:
+    async def records(self) -> Fetched:
         await self._done.wait()
         if self._error is not None:
             raise self._error
-        return self._records
+        return self._fetched
 
 
 class Relay:
@@ -115,6 +131,7 @@ class Relay:
         # again only what these hold.
         self._window = InFlightWindow(config.max_in_flight_batches)
         self._last_lane_tick_ok = 0.0
+        self._read_up_to = 0  # the highest seq any fetch has read
         # How long before the local end of a lease the producer is reset if it still
         # holds records of those lanes (the local end is already earlier than the
         # database's: it counts from before the renewal was sent).
@@ -270,7 +287,9 @@ class Relay:
         # A send started now must be settled before the lease could pass to another
         # instance; the renewal cadence keeps the window open in between.
         margin_s = config.send_timeout_ms / 1000
+        poll_ms = config.poll_interval_ms
         cursor = 0
+        pass_started = 0.0
         # While a full batch is mapped and handed to the producer, the database already
         # reads the next one. A prefetch holds an in-flight slot of its own.
         prefetch: _Prefetch | None = None
@@ -278,8 +297,14 @@ class Relay:
             while not stop.is_set():
                 self.liveness.tick("fetch", config.poll_interval_ms)
                 if prefetch is None:
-                    if cursor and window.empty():
-                        cursor = 0  # a new pass: pick up whatever the last one stepped over
+                    if cursor and (window.empty() or _elapsed_ms(pass_started) >= poll_ms):
+                        # A new pass picks up whatever the last one stepped over. Under a
+                        # continuous backlog the window never empties, so a pass also ends
+                        # after a poll interval; rows still in flight are left out of its
+                        # fetches (relay/engine.py, _fetch).
+                        cursor = 0
+                    if cursor == 0:
+                        pass_started = time.monotonic()
                     if self._producer.broken:
                         # Fresh sequences only once nothing is in flight on the old ones.
                         await window.wait_empty()
@@ -293,11 +318,11 @@ class Relay:
                         continue
                     self._wake.clear()
                     await window.take_slot()
-                    fetching: Awaitable[list[Any]] = self._fetch(lanes, cursor)
+                    fetching: Awaitable[Fetched] = self._fetch(lanes, cursor)
                 else:
                     fetching, prefetch = prefetch.records(), None
                 try:
-                    records = await fetching
+                    records, full, last_seq = await fetching
                 except DB_ERRORS as exc:
                     window.give_back_slot()
                     log.warning("fetch failed", extra={"cause": unavailable_cause(exc)})
@@ -305,11 +330,18 @@ class Relay:
                         backoff_ms(1, base_ms=200, cap_ms=2_000, rng=self._rng) / 1000
                     )
                     continue
-                full = len(records) == config.batch_size
-                if records:
-                    cursor = records[-1]["seq"]
+                if last_seq is not None:
+                    cursor = last_seq
                 lanes = self._lanes.leases.publishable(margin_s)
-                if full and lanes and not self._producer.broken and window.slot_free():
+                # A pass older than a poll interval reads no further ahead: it ends here,
+                # so the next one starts from the beginning.
+                if (
+                    full
+                    and lanes
+                    and not self._producer.broken
+                    and window.slot_free()
+                    and _elapsed_ms(pass_started) < poll_ms
+                ):
                     await window.take_slot()
                     prefetch = _Prefetch()
                     prefetching.start_soon(prefetch.fill, partial(self._fetch, lanes, cursor))
@@ -344,9 +376,28 @@ class Relay:
             if prefetch is not None:
                 window.give_back_slot()  # its task is cancelled with the task group
 
-    async def _fetch(self, lanes: list[int], cursor: int) -> list[Any]:
+    async def _fetch(self, lanes: list[int], cursor: int) -> Fetched:
+        """Ready rows after ``cursor``, minus those in flight when the statement started.
+
+        A pass that starts while batches are in flight meets their rows again. They are
+        left out by the set taken *before* the statement: a row whose outcome is recorded
+        while the statement runs may still be read, and must not be sent a second time.
+        No row joins the window meanwhile that this fetch could read: rows are admitted
+        from earlier fetches, whose rows lie below ``cursor``.
+        """
         assert self._store is not None
-        return await self._store.fetch_ready(lanes, cursor, self.config.batch_size)
+        # Every row in flight was read by some fetch, so none lies above the highest seq
+        # read so far: a fetch from there on (every fetch of an ordinary pass) needs no set.
+        meets_in_flight = cursor < self._read_up_to and not self._window.empty()
+        in_flight = self._window.seqs() if meets_in_flight else frozenset()
+        records = await self._store.fetch_ready(lanes, cursor, self.config.batch_size)
+        if records:
+            self._read_up_to = max(self._read_up_to, records[-1]["seq"])
+        return Fetched(
+            [r for r in records if r["seq"] not in in_flight] if in_flight else records,
+            full=len(records) == self.config.batch_size,
+            last_seq=records[-1]["seq"] if records else None,
+        )
 
     async def _send(self, rows: list[OutboxRow], fences: dict[int, int]) -> Batch:
         records: list[KafkaRecord | None] = []
@@ -362,7 +413,9 @@ class Relay:
                 failed_keys.add(row.aggregateid)
                 records.append(None)
                 rejected[index] = exc
-        submission = await self._producer.submit(records)
+        # Keys held since these rows were fetched are left out where the batches are built:
+        # a batch built after a failure was held carries none of its keys.
+        submission = await self._producer.submit(records, self._window.held_keys())
         submission.failures.update(rejected)
         # Hold the keys now: the next fetch may come before these failures are recorded.
         self._window.hold(rows[index].aggregateid for index in submission.failures)
@@ -408,7 +461,7 @@ class Relay:
         # Until the failure is recorded, the database does not hold the key back yet.
         # Failures found before sending were held back when they were found.
         self._window.hold(row.aggregateid for row, _ in outcome.refused)
-        self._producer.accounted(submission)
+        submission.failures_held()
         if outcome.producer_broken:
             self._producer.broken = True
         return outcome
@@ -431,8 +484,7 @@ class Relay:
             )
         self._producer.note_outcome(
             published=bool(outcome.published),
-            # Rows kept back behind another failure say nothing about the broker.
-            failed_retriably=any(f.retriable and f is not HELD_BEHIND_FAILURE for _, f in failed),
+            failed_retriably=any(f.retriable and f not in NOT_BROKER_FAILURES for _, f in failed),
         )
 
     async def _record(self, batch: Batch, outcome: Outcome) -> None:
@@ -441,8 +493,9 @@ class Relay:
         failed = outcome.failed
         delays = [
             backoff_ms(
+                # not the broker's failing: the base delay, not the failure streak's
                 0
-                if f is HELD_BEHIND_FAILURE
+                if f in NOT_BROKER_FAILURES
                 else self._producer.failure_streak
                 if f.retriable
                 else row.attempts,

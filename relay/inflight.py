@@ -10,7 +10,7 @@ database does not hold them back yet). Every change to that state goes through h
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 
 import anyio
 
@@ -66,9 +66,17 @@ class InFlightWindow:
         """True when no row is in flight."""
         return not self._lanes
 
+    def seqs(self) -> frozenset[int]:
+        """The rows in flight now: a fetch that may meet them leaves these out."""
+        return frozenset(self._lanes)
+
     def lanes(self) -> set[int]:
         """The lanes with a row in flight: they must not be handed back yet."""
         return set(self._lanes.values())
+
+    def held_keys(self) -> Set[str]:
+        """The keys held now (a live view, empty while all is well)."""
+        return self._held_keys.keys()
 
     def is_held(self, key: str) -> bool:
         """True while a failure of ``key`` is in flight and not yet recorded."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 import anyio
 from aiokafka import AIOKafkaProducer
@@ -16,6 +16,7 @@ from relay.producer_reset import ProducerReset, ProducerWasReset
 from relay.publisher import BatchPublisher, Submission
 from relay.records import KafkaRecord
 from relay.retry import backoff_ms, classify_failure
+from relay.topics import MAX_BATCH_BYTES, TopicCatalog
 
 log = logging.getLogger(__name__)
 
@@ -28,21 +29,16 @@ _UNREADY_AFTER_FAILED_BATCHES = 3
 
 def make_producer(config: RelayConfig) -> AIOKafkaProducer:
     """The idempotent, acks=all producer every relay instance uses."""
-    security = config.kafka_security
     return AIOKafkaProducer(
         bootstrap_servers=config.kafka_bootstrap,
         client_id=config.instance_id,
         acks="all",
         enable_idempotence=True,
         linger_ms=config.linger_ms,
-        max_batch_size=256 * 1024,
+        max_batch_size=MAX_BATCH_BYTES,
         request_timeout_ms=config.send_timeout_ms,
         compression_type=config.compression,
-        security_protocol=security.protocol,
-        ssl_context=security.ssl_context(),
-        sasl_mechanism=security.sasl_mechanism or "PLAIN",
-        sasl_plain_username=security.sasl_username,
-        sasl_plain_password=security.sasl_password,
+        **config.kafka_security.client_options(),
     )
 
 
@@ -64,6 +60,8 @@ class ProducerKeeper:
         self._producer: AIOKafkaProducer | None = None
         self._publisher: BatchPublisher | None = None
         self._reset: ProducerReset | None = None
+        # Outlives producers: what is known of each topic stays across a replacement.
+        self._topics = TopicCatalog(config)
         # Set on a sequence error: the producer must be replaced once nothing is in flight.
         self.broken = False
         # Batches in a row that failed retriably and published nothing.
@@ -110,7 +108,8 @@ class ProducerKeeper:
             log.info("connected to kafka")
             self._producer = producer
             self._reset = ProducerReset(producer)
-            self._publisher = BatchPublisher(producer)
+            self._topics.attach(producer)
+            self._publisher = BatchPublisher(producer, self._topics)
             return True
         return False
 
@@ -136,17 +135,15 @@ class ProducerKeeper:
         await self.start(stop)
         self.broken = False
 
-    def accounted(self, submission: Submission) -> None:
-        """The keys of the submission's failures are held back now (BatchPublisher.accounted)."""
-        if self._publisher is not None:
-            self._publisher.accounted(submission)
-
-    async def submit(self, records: list[KafkaRecord | None]) -> Submission:
-        """Hand records to the current producer (None entries are skipped)."""
+    async def submit(
+        self, records: list[KafkaRecord | None], held: Container[str] = frozenset()
+    ) -> Submission:
+        """Hand records to the current producer (None entries and ``held`` keys are skipped)."""
         assert self._publisher is not None
-        return await self._publisher.submit(records)
+        return await self._publisher.submit(records, held)
 
     async def stop(self) -> None:
-        """Stop the current producer, if any."""
+        """Stop the topic lookups and the current producer, if any."""
+        await self._topics.close()
         if self._producer is not None:
             await self._producer.stop()

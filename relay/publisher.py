@@ -10,26 +10,43 @@ Order within a partition is kept against broker-side rejections too: a partition
 handed to the producer only once the partition's previous batch was acknowledged. If that
 one failed (the broker rejected a record, or the producer was reset), the later batch is
 never sent and fails with :class:`PredecessorFailed`, so its rows are retried after the
-failed ones instead of overtaking them. That lasts until the caller says it has held back
-the failed keys (:meth:`BatchPublisher.accounted`); batches handed over after that go out. aiokafka already sends one request per partition
+failed ones instead of overtaking them. aiokafka already sends one request per partition
 at a time, so this costs the hop between an acknowledgement and the next hand-over.
+That rule covers the batches submitted before the caller held back the failed keys
+(:meth:`Submission.failures_held`); a batch submitted later holds none of those keys
+(``submit`` leaves out held keys), so it goes: one failure does not fail its partition
+for good.
 Inside one submission, a record that fails (metadata, size) holds back the later records
 of its key: they are not sent and the caller finds them again on its next pass.
+
+Topics come from :class:`relay.topics.TopicCatalog`, which never makes a submission wait
+on a missing topic, and so do batch sizes: a partition batch is at most what its topic
+accepts. A batch of several records the broker still refuses as too large fails as
+``batch_too_large`` (retriable) and lowers the topic's batch size; only a record that alone
+exceeds its topic's ``max.message.bytes`` is ``record_too_large``. Batches are built with
+aiokafka's ``BatchBuilder`` and the producer's compression (``_message_accumulator``
+internals, pinned as for relay/producer_reset.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import weakref
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import anyio
 from aiokafka import AIOKafkaProducer
+from aiokafka import errors as kafka_errors
 from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.producer.message_accumulator import BatchBuilder
 
 from relay.outcome import Acknowledgement, Landed
 from relay.records import KafkaRecord, RecordRejected
-from relay.retry import PredecessorFailed
+from relay.retry import BatchTooLarge, PredecessorFailed
+from relay.topics import TopicCatalog
 
 _PARTITION_CACHE_LIMIT = 200_000
 
@@ -49,6 +66,12 @@ class Submission:
 
     batches: list[SubmittedBatch] = field(default_factory=list)
     failures: dict[int, BaseException] = field(default_factory=dict)
+    on_held: Callable[[], None] = lambda: None
+
+    def failures_held(self) -> None:
+        """The caller now holds back the keys of this submission's failed batches: later
+        submissions carry none of them, so their batches need not fail behind these."""
+        self.on_held()
 
     def unanswered(self) -> bool:
         """True while the producer holds a batch of this submission without an answer."""
@@ -64,10 +87,6 @@ class Submission:
         return [Acknowledgement(sent.members, _answer(sent.future)) for sent in self.batches]
 
 
-def _succeeded(future: asyncio.Future[Any]) -> bool:
-    return not future.cancelled() and future.exception() is None
-
-
 def _answer(future: asyncio.Future[Any]) -> Landed | BaseException:
     if not future.done() or future.cancelled():
         return TimeoutError()
@@ -81,14 +100,21 @@ def _answer(future: asyncio.Future[Any]) -> Landed | BaseException:
 class BatchPublisher:
     """Submits records grouped by topic-partition, preserving order within a partition."""
 
-    def __init__(self, producer: AIOKafkaProducer) -> None:
+    def __init__(self, producer: AIOKafkaProducer, topics: TopicCatalog) -> None:
         self._producer = producer
+        self._topics = topics
+        internals: Any = producer
+        self._compression = internals._message_accumulator._compression_type
         self._partitioner = DefaultPartitioner()
         self._partitions: dict[tuple[str, int, bytes], int] = {}
         # The last batch handed over per partition; the next one waits for it.
         self._tails: dict[tuple[str, int], asyncio.Future[Any]] = {}
-        # Failed tails whose rows the caller has already held back (see accounted()).
-        self._accounted: set[asyncio.Future[Any]] = set()
+        # Submissions are numbered; a failed batch maps to the latest number handed out
+        # when the caller held back its keys (absent: not held yet).
+        self._submitted = 0
+        self._held_at: weakref.WeakKeyDictionary[asyncio.Future[Any], int] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def _partition(self, topic: str, known: list[int], key: bytes) -> int:
         cache_key = (topic, len(known), key)
@@ -100,35 +126,42 @@ class BatchPublisher:
             self._partitions[cache_key] = partition
         return partition
 
-    async def submit(self, records: list[KafkaRecord | None]) -> Submission:
-        """Queue every record; None entries (held back by the caller) are skipped."""
+    async def submit(
+        self, records: list[KafkaRecord | None], held: Container[str] = frozenset()
+    ) -> Submission:
+        """Queue every record; None entries and records of ``held`` keys (held back by the
+        caller) are skipped, and so are the later records of their keys."""
         submission = Submission()
-        topics: dict[str, list[int]] = {}
+        topics = await self._topics.resolve({r.topic for r in records if r is not None})
+        # From here on nothing awaits: the held keys read below are those in force when
+        # the batches are handed over.
+        self._submitted += 1
+        number = self._submitted
+        submission.on_held = partial(self._mark_held, submission)
         open_batches: dict[tuple[str, int], tuple[Any, list[int]]] = {}
         full: list[tuple[str, int, Any, list[int]]] = []
         failed_keys: set[bytes] = set()
         for index, record in enumerate(records):
             if record is None or record.key in failed_keys:
                 continue  # held back: an earlier record of its key failed here
-            known = topics.get(record.topic)
-            if known is None:
-                try:
-                    known = sorted(await self._producer.partitions_for(record.topic))
-                except Exception as exc:  # metadata failures are classified by the caller
-                    submission.failures[index] = exc
-                    failed_keys.add(record.key)
-                    continue
-                topics[record.topic] = known
+            if held and record.key.decode() in held:
+                failed_keys.add(record.key)  # found again once its key is no longer held
+                continue
+            known = topics[record.topic]
+            if isinstance(known, BaseException):  # classified by the caller
+                submission.failures[index] = known
+                failed_keys.add(record.key)
+                continue
             partition = self._partition(record.topic, known, record.key)
             slot = (record.topic, partition)
             current = open_batches.get(slot)
             if current is None:
-                current = open_batches[slot] = (self._producer.create_batch(), [])
+                current = open_batches[slot] = (self._new_batch(record.topic), [])
             builder, members = current
             if not self._append(builder, record):
                 # Full: hand this one over and start the next batch for the partition.
                 full.append((record.topic, partition, builder, members))
-                builder, members = self._producer.create_batch(), []
+                builder, members = self._new_batch(record.topic), []
                 open_batches[slot] = (builder, members)
                 if not self._append(builder, record):
                     submission.failures[index] = RecordRejected(
@@ -136,6 +169,13 @@ class BatchPublisher:
                     )
                     failed_keys.add(record.key)
                     continue
+            if not members and self._too_large_alone(record.topic, builder):
+                open_batches[slot] = (self._new_batch(record.topic), [])
+                submission.failures[index] = RecordRejected(
+                    "record_too_large", "the record exceeds its topic's max.message.bytes"
+                )
+                failed_keys.add(record.key)
+                continue
             members.append(index)
         # Full batches of a partition come before its open one: order holds per partition.
         full.extend((t, p, b, m) for (t, p), (b, m) in open_batches.items() if m)
@@ -144,50 +184,58 @@ class BatchPublisher:
             # asyncio, not anyio: the result is aiokafka's delivery future, awaited by the
             # caller like the producer's own; cancel_pending() owns these tasks' lifetime.
             task = asyncio.ensure_future(
-                self._hand_over(self._waits_for(slot), builder, topic, partition)
+                self._hand_over(self._tails.get(slot), number, builder, topic, partition)
             )
             self._tails[slot] = task
-            self._accounted.discard(task)
             submission.batches.append(SubmittedBatch(task, members))
         return submission
 
-    def _waits_for(self, slot: tuple[str, int]) -> asyncio.Future[Any] | None:
-        """The batch a new batch of ``slot`` must wait for, if any.
-
-        An unanswered tail: always. A failed tail: until the caller has accounted for it
-        (held its keys back), because a batch fetched before that may carry later records
-        of a failed key. A succeeded or accounted tail: nothing to wait for.
-        """
-        tail = self._tails.get(slot)
-        if tail is None or (tail.done() and (_succeeded(tail) or tail in self._accounted)):
-            return None
-        return tail
-
-    def accounted(self, submission: Submission) -> None:
-        """The caller has held back the keys of this submission's failed batches: later
-        batches of those partitions need not fail behind them any more."""
+    def _mark_held(self, submission: Submission) -> None:
         for sent in submission.batches:
-            if sent.future in self._tails.values():
-                self._accounted.add(sent.future)
-        self._accounted.intersection_update(self._tails.values())
+            self._held_at[sent.future] = self._submitted
 
     async def _hand_over(
-        self, previous: asyncio.Future[Any] | None, builder: Any, topic: str, partition: int
+        self,
+        previous: asyncio.Future[Any] | None,
+        number: int,
+        builder: Any,
+        topic: str,
+        partition: int,
     ) -> Any:
         """Send the batch once the partition's previous batch is acknowledged; its metadata."""
         if previous is not None:
             await asyncio.wait([previous])  # never cancels or re-raises the previous batch
             if previous.cancelled() or previous.exception() is not None:
-                raise PredecessorFailed(f"an earlier batch of {topic}[{partition}] failed")
-        delivery = await self._producer.send_batch(builder, topic, partition=partition)
-        return await delivery
+                held_at = self._held_at.get(previous)
+                # Failed, and its keys were not yet held back when this batch was built:
+                # this batch may carry a later record of one of them.
+                if held_at is None or held_at >= number:
+                    raise PredecessorFailed(f"an earlier batch of {topic}[{partition}] failed")
+        size, count = builder.size(), builder.record_count()
+        try:
+            delivery = await self._producer.send_batch(builder, topic, partition=partition)
+            return await delivery
+        except (kafka_errors.MessageSizeTooLargeError, kafka_errors.RecordListTooLargeError) as exc:
+            if count < 2:
+                raise  # this one record is too large for its topic
+            self._topics.refused_as_too_large(topic, size)
+            raise BatchTooLarge(f"a batch of {count} records was too large for {topic}") from exc
+
+    def _new_batch(self, topic: str) -> Any:
+        """An empty batch no larger than ``topic`` accepts."""
+        return BatchBuilder(self._topics.batch_bytes(topic), self._compression)
+
+    def _too_large_alone(self, topic: str, builder: Any) -> bool:
+        """True when a batch holding only this record exceeds the topic's limit. Compressed,
+        only the broker can tell; its refusal of a one-record batch says the same."""
+        limit = self._topics.max_message_bytes(topic)
+        return limit is not None and not self._compression and builder.size() > limit
 
     def cancel_pending(self) -> None:
         """Cancel every hand-over still waiting (the producer is being reset or stopped)."""
         for task in self._tails.values():
             task.cancel()
         self._tails.clear()
-        self._accounted.clear()
 
     @staticmethod
     def _append(builder: Any, record: KafkaRecord) -> bool:

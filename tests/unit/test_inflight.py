@@ -96,3 +96,17 @@ async def test_wait_empty_waits_again_after_the_window_refilled() -> None:
     window.admit([row(2)])
     with pytest.raises(TimeoutError), anyio.fail_after(0.05):
         await window.wait_empty()
+
+
+async def test_seqs_and_held_keys_show_what_is_in_flight_now() -> None:
+    window = InFlightWindow(2)
+    await window.take_slot()
+    window.admit([row(3, key="a"), row(5, key="b")])
+    window.hold(["a"])
+    seqs, held = window.seqs(), window.held_keys()
+    assert seqs == {3, 5}
+    assert "a" in held and "b" not in held
+    window.release([row(3, key="a"), row(5, key="b")], held_keys=["a"])
+    assert window.seqs() == frozenset()
+    assert seqs == {3, 5}  # a snapshot: a fetch keeps leaving out what was in flight
+    assert "a" not in held  # a live view: a submission sees holds as they are

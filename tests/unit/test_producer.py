@@ -21,6 +21,8 @@ class FakeProducer:
         self.started = self.stopped = False
         # What ProducerReset attaches to: the client's connection factory.
         self.client = SimpleNamespace(_get_conn=self._no_connection, _conns={})
+        # What the publisher reads to build batches with the producer's compression.
+        self._message_accumulator = SimpleNamespace(_compression_type=0)
 
     async def _no_connection(self, *_: Any, **__: Any) -> None:
         return None

@@ -9,7 +9,16 @@ import pytest
 from aiokafka import errors as kafka_errors
 
 from relay.records import RecordRejected
-from relay.retry import PRODUCER_STATE, FailureClass, backoff_ms, classify_failure
+from relay.retry import (
+    NOT_BROKER_FAILURES,
+    PRODUCER_STATE,
+    BatchTooLarge,
+    FailureClass,
+    TopicLookupPending,
+    TopicNotFound,
+    backoff_ms,
+    classify_failure,
+)
 
 
 @pytest.mark.parametrize(
@@ -25,11 +34,22 @@ from relay.retry import PRODUCER_STATE, FailureClass, backoff_ms, classify_failu
         (kafka_errors.KafkaConnectionError(), FailureClass("broker_unavailable", True)),
         (ConnectionResetError(), FailureClass("broker_unavailable", True)),
         (RuntimeError("boom"), FailureClass("unexpected", True)),
+        # a missing topic spends attempts and ends in quarantine; its first lookup does not
+        (TopicNotFound("t"), FailureClass("unknown_topic", False)),
+        (TopicLookupPending("t"), FailureClass("topic_lookup", True)),
+        # several records refused together: none is shown too large on its own
+        (BatchTooLarge("t"), FailureClass("batch_too_large", True)),
     ],
     ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else "",
 )
 def test_known_failures(exc: BaseException, expected: FailureClass) -> None:
     assert classify_failure(exc) == expected
+
+
+def test_topic_lookups_and_oversized_batches_never_count_as_the_broker_failing() -> None:
+    names = {failure.name for failure in NOT_BROKER_FAILURES}
+    assert names == {"topic_lookup", "batch_too_large"}
+    assert all(failure.retriable for failure in NOT_BROKER_FAILURES)
 
 
 @pytest.mark.parametrize("cause", ["invalid_topic", "invalid_headers", "record_too_large"])

@@ -1,0 +1,290 @@
+"""What the relay knows of each topic: its partitions, whether the broker lacks it, and the
+largest record batch it accepts.
+
+A missing topic must cost only its own rows. aiokafka's ``partitions_for`` waits up to the
+request timeout for a topic it does not know, and the publisher would wait once per row of
+such a topic on every pass: every other key behind them stalled. Here a lookup runs on its
+own task. A submission waits for a topic's *first* lookup at most :data:`FIRST_LOOKUP_WAIT_S`
+(a known topic answers in one metadata round trip); past that its rows fail as
+``topic_lookup`` (retriable, no attempt spent) while the lookup goes on. A lookup that saw
+the broker answer without the topic for a whole send timeout leaves a *negative entry*:
+rows for that topic then fail at once as ``unknown_topic``, which spends an attempt, so they
+are quarantined after ``--max-attempts`` like any permanent failure. While the entry exists
+a single metadata round re-checks it every :data:`MISSING_RECHECK_S` in the background, so
+a topic created later is found again.
+
+The batch limit: a partition batch larger than the topic's ``max.message.bytes`` is refused
+whole. Each topic's limit is read with describe-configs (the relay needs DescribeConfigs on
+its topics), cached, refreshed every :data:`LIMIT_REFRESH_S` and at once when the broker
+refuses a batch as too large; until it is known, and when it cannot be read, batches are at
+most :data:`MAX_BATCH_BYTES` and a refusal halves the topic's batch size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Collection
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka import errors as kafka_errors
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+from relay.config import RelayConfig
+from relay.retry import TopicLookupPending, TopicNotFound
+
+log = logging.getLogger(__name__)
+
+# The relay's own cap on a partition batch: large enough to amortise a request, small
+# enough that one slow batch holds little.
+MAX_BATCH_BYTES = 256 * 1024
+# The smallest batch size a refusal may halve a topic's down to.
+_MIN_BATCH_BYTES = 1024
+FIRST_LOOKUP_WAIT_S = 1.0
+MISSING_RECHECK_S = 2.0
+LIMIT_REFRESH_S = 60.0
+_METADATA_ROUND_S = 0.2
+_MAX_MESSAGE_BYTES = "max.message.bytes"
+
+TopicAnswer = list[int] | BaseException
+
+
+class _Limit:
+    """A topic's ``max.message.bytes`` (None: not known) and when it was last read."""
+
+    __slots__ = ("batch_bytes", "max_message_bytes", "read_at")
+
+    def __init__(self) -> None:
+        self.max_message_bytes: int | None = None
+        self.batch_bytes = MAX_BATCH_BYTES
+        self.read_at = float("-inf")
+
+
+class TopicCatalog:
+    """Partitions, negative entries and batch limits per topic, looked up off the send path."""
+
+    def __init__(self, config: RelayConfig) -> None:
+        self._config = config
+        self._client: Any = None
+        self._producer: AIOKafkaProducer | None = None
+        self._admin: AIOKafkaAdminClient | None = None
+        self._missing: dict[str, float] = {}  # topic -> when the broker was last seen without it
+        self._lookups: dict[str, asyncio.Task[BaseException | None]] = {}
+        self._describing: dict[str, asyncio.Task[None]] = {}
+        self._limits: dict[str, _Limit] = {}
+        self._sorted: dict[tuple[str, frozenset[int]], list[int]] = {}
+
+    def attach(self, producer: AIOKafkaProducer) -> None:
+        """Look topics up through this producer's metadata from now on (a new producer)."""
+        self._cancel(self._lookups)
+        self._producer = producer
+        self._client = producer.client
+
+    # -- partitions ------------------------------------------------------------------------
+    async def resolve(self, topics: Collection[str]) -> dict[str, TopicAnswer]:
+        """Each topic's sorted partitions, or why its rows cannot be sent now."""
+        answers: dict[str, TopicAnswer] = {}
+        started: list[str] = []
+        now = time.monotonic()
+        for topic in topics:
+            partitions = self._known(topic)
+            if partitions is not None:
+                answers[topic] = partitions
+                if self._limit_due(topic, now):
+                    started.append(topic)  # wait for a first read of its limit, briefly
+                continue
+            missing_since = self._missing.get(topic)
+            if topic not in self._lookups and (
+                missing_since is None or now - missing_since >= MISSING_RECHECK_S
+            ):
+                self._look_up(topic, recheck=missing_since is not None)
+                if missing_since is None:
+                    started.append(topic)
+        waits = [self._lookups.get(t) or self._describing.get(t) for t in started]
+        pending = [task for task in waits if task is not None and not task.done()]
+        if pending:
+            wait_s = min(FIRST_LOOKUP_WAIT_S, self._config.send_timeout_ms / 1000)
+            await asyncio.wait(pending, timeout=wait_s)
+        for topic in topics:
+            if topic not in answers:
+                answers[topic] = self._answer(topic)
+        return answers
+
+    def _known(self, topic: str) -> list[int] | None:
+        partitions = self._client.cluster.partitions_for_topic(topic)
+        if not partitions:
+            return None
+        self._missing.pop(topic, None)
+        key = (topic, frozenset(partitions))
+        ordered = self._sorted.get(key)
+        if ordered is None:
+            if len(self._sorted) > 10_000:
+                self._sorted.clear()
+            ordered = self._sorted[key] = sorted(partitions)
+        return ordered
+
+    def _answer(self, topic: str) -> TopicAnswer:
+        partitions = self._known(topic)
+        if partitions is not None:
+            return partitions
+        if topic in self._missing:
+            return TopicNotFound(topic)
+        lookup = self._lookups.get(topic)
+        if lookup is not None and lookup.done():
+            del self._lookups[topic]
+            failure = lookup.result()
+            if failure is not None:
+                return failure
+        return TopicLookupPending(topic)
+
+    def _look_up(self, topic: str, *, recheck: bool) -> None:
+        task = asyncio.ensure_future(self._metadata_for(topic, recheck=recheck))
+        self._lookups[topic] = task
+        task.add_done_callback(lambda done: self._lookup_done(topic, done))
+
+    def _lookup_done(self, topic: str, task: asyncio.Task[BaseException | None]) -> None:
+        # A failure stays for the next resolve to report; anything else is in the caches.
+        if self._lookups.get(topic) is task and not task.cancelled() and task.result() is None:
+            del self._lookups[topic]
+
+    async def _metadata_for(self, topic: str, *, recheck: bool) -> BaseException | None:
+        """Ask the broker until it has the topic; a missing topic becomes a negative entry
+        once the broker answered without it for a send timeout (one round for a recheck)."""
+        client = self._client
+        try:
+            client.add_topic(topic)
+            window_s = 0.0 if recheck else self._config.send_timeout_ms / 1000
+            started = time.monotonic()
+            answered = False
+            while True:
+                answered = bool(await client.force_metadata_update()) or answered
+                if client.cluster.partitions_for_topic(topic):
+                    self._missing.pop(topic, None)
+                    self._limit_due(topic, time.monotonic())
+                    reading = self._describing.get(topic)
+                    if reading is not None:
+                        await asyncio.wait([reading])  # never cancels the read
+                    return None
+                if topic in client.cluster.unauthorized_topics:
+                    denied: BaseException = kafka_errors.TopicAuthorizationFailedError(topic)
+                    return denied
+                if time.monotonic() - started >= window_s:
+                    if not answered:
+                        unreachable: BaseException = kafka_errors.KafkaConnectionError(
+                            "no metadata from the broker"
+                        )
+                        return unreachable
+                    if topic not in self._missing:
+                        log.warning("topic does not exist", extra={"topic": topic})
+                    self._missing[topic] = time.monotonic()
+                    return None
+                await asyncio.sleep(_METADATA_ROUND_S)
+        except Exception as exc:  # reported to the submission that asks next
+            return exc
+
+    # -- batch limits ----------------------------------------------------------------------
+    def batch_bytes(self, topic: str) -> int:
+        """The largest partition batch to build for ``topic``."""
+        limit = self._limits.get(topic)
+        return MAX_BATCH_BYTES if limit is None else limit.batch_bytes
+
+    def max_message_bytes(self, topic: str) -> int | None:
+        """The topic's ``max.message.bytes``, if it was read."""
+        limit = self._limits.get(topic)
+        return None if limit is None else limit.max_message_bytes
+
+    def refused_as_too_large(self, topic: str, batch_bytes: int) -> None:
+        """The broker refused a batch of ``batch_bytes`` as too large: build smaller ones
+        at once and read the topic's limit again."""
+        limit = self._limits.setdefault(topic, _Limit())
+        limit.batch_bytes = max(_MIN_BATCH_BYTES, min(limit.batch_bytes, batch_bytes // 2))
+        limit.read_at = float("-inf")
+        self._describe(topic)
+
+    def _limit_due(self, topic: str, now: float) -> bool:
+        """Start a read of the topic's limit when it was never read or is stale; True
+        when it was never read."""
+        limit = self._limits.get(topic)
+        if limit is not None and now - limit.read_at < LIMIT_REFRESH_S:
+            return False
+        self._describe(topic)
+        return limit is None
+
+    def _describe(self, topic: str) -> None:
+        if topic in self._describing:
+            return
+        task = asyncio.ensure_future(self._read_limit(topic))
+        self._describing[topic] = task
+        task.add_done_callback(lambda _: self._describing.pop(topic, None))
+
+    async def _read_limit(self, topic: str) -> None:
+        limit = self._limits.setdefault(topic, _Limit())
+        limit.read_at = time.monotonic()  # also on failure: retried at the next refresh
+        try:
+            value = await self._describe_max_message_bytes(topic)
+        except Exception as exc:  # no DescribeConfigs right, broker away: keep the cap
+            log.warning(
+                "could not read the topic's max.message.bytes; batches stay at the default cap",
+                extra={"topic": topic, "error_class": type(exc).__name__},
+            )
+            if self._admin is not None:
+                admin, self._admin = self._admin, None
+                with contextlib.suppress(Exception):
+                    await admin.close()
+            return
+        if value is not None:
+            limit.max_message_bytes = value
+            limit.batch_bytes = max(_MIN_BATCH_BYTES, min(MAX_BATCH_BYTES, value))
+
+    async def _describe_max_message_bytes(self, topic: str) -> int | None:
+        admin = await self._admin_client()
+        resource = ConfigResource(ConfigResourceType.TOPIC, topic, {_MAX_MESSAGE_BYTES: None})
+        for response in await admin.describe_configs([resource]):
+            for error_code, _message, _type, name, entries in response.resources:
+                if name != topic:
+                    continue
+                error = kafka_errors.for_code(error_code)
+                if error is not kafka_errors.NoError:
+                    raise error()
+                for entry in entries:
+                    if entry[0] == _MAX_MESSAGE_BYTES and entry[1] is not None:
+                        return int(entry[1])
+        return None
+
+    async def _admin_client(self) -> AIOKafkaAdminClient:
+        if self._admin is None:
+            config = self._config
+            admin = AIOKafkaAdminClient(
+                bootstrap_servers=config.kafka_bootstrap,
+                client_id=f"{config.instance_id}-admin",
+                request_timeout_ms=config.send_timeout_ms,
+                **config.kafka_security.client_options(),
+            )
+            try:
+                await admin.start()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await admin.close()
+                raise
+            self._admin = admin
+        return self._admin
+
+    # -- life cycle ------------------------------------------------------------------------
+    async def close(self) -> None:
+        """Stop every lookup and the admin client."""
+        self._cancel(self._lookups)
+        self._cancel(self._describing)
+        if self._admin is not None:
+            admin, self._admin = self._admin, None
+            with contextlib.suppress(Exception):
+                await admin.close()
+
+    @staticmethod
+    def _cancel(tasks: dict[str, Any]) -> None:
+        for task in list(tasks.values()):
+            task.cancel()
+        tasks.clear()
