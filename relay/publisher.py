@@ -23,7 +23,9 @@ Topics come from :class:`relay.topics.TopicCatalog`, which never makes a submiss
 on a missing topic, and so do batch sizes: a partition batch is at most what its topic
 accepts. A batch of several records the broker still refuses as too large fails as
 ``batch_too_large`` (retriable) and lowers the topic's batch size; only a record that alone
-exceeds its topic's ``max.message.bytes`` is ``record_too_large``. Batches are built with
+exceeds its topic's ``max.message.bytes`` is ``record_too_large``, and that verdict is the
+broker's (a record larger than the cached limit is sent alone): a cached limit may be
+stale, and the broker's answer also makes the catalog read the limit again. Batches are built with
 aiokafka's ``BatchBuilder`` and the producer's compression (``_message_accumulator``
 internals, pinned as for relay/producer_reset.py).
 """
@@ -169,13 +171,6 @@ class BatchPublisher:
                     )
                     failed_keys.add(record.key)
                     continue
-            if not members and self._too_large_alone(record.topic, builder):
-                open_batches[slot] = (self._new_batch(record.topic), [])
-                submission.failures[index] = RecordRejected(
-                    "record_too_large", "the record exceeds its topic's max.message.bytes"
-                )
-                failed_keys.add(record.key)
-                continue
             members.append(index)
         # Full batches of a partition come before its open one: order holds per partition.
         full.extend((t, p, b, m) for (t, p), (b, m) in open_batches.items() if m)
@@ -216,20 +211,16 @@ class BatchPublisher:
             delivery = await self._producer.send_batch(builder, topic, partition=partition)
             return await delivery
         except (kafka_errors.MessageSizeTooLargeError, kafka_errors.RecordListTooLargeError) as exc:
+            # Read the topic's limit again either way: it may have changed (a record that
+            # was too large gets through once an operator raised it and redrove it).
+            self._topics.refused_as_too_large(topic, size)
             if count < 2:
                 raise  # this one record is too large for its topic
-            self._topics.refused_as_too_large(topic, size)
             raise BatchTooLarge(f"a batch of {count} records was too large for {topic}") from exc
 
     def _new_batch(self, topic: str) -> Any:
         """An empty batch no larger than ``topic`` accepts."""
         return BatchBuilder(self._topics.batch_bytes(topic), self._compression)
-
-    def _too_large_alone(self, topic: str, builder: Any) -> bool:
-        """True when a batch holding only this record exceeds the topic's limit. Compressed,
-        only the broker can tell; its refusal of a one-record batch says the same."""
-        limit = self._topics.max_message_bytes(topic)
-        return limit is not None and not self._compression and builder.size() > limit
 
     def cancel_pending(self) -> None:
         """Cancel every hand-over still waiting (the producer is being reset or stopped)."""

@@ -192,10 +192,6 @@ class TopicCatalog:
         limit = self._limits.get(topic)
         return MAX_BATCH_BYTES if limit is None else limit.batch_bytes
 
-    def max_message_bytes(self, topic: str) -> int | None:
-        """The topic's ``max.message.bytes``, if it was read."""
-        limit = self._limits.get(topic)
-        return None if limit is None else limit.max_message_bytes
 
     def refused_as_too_large(self, topic: str, batch_bytes: int) -> None:
         """The broker refused a batch of ``batch_bytes`` as too large: build smaller ones

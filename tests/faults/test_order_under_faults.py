@@ -353,31 +353,33 @@ async def test_failure_inside_a_multi_partition_submit_keeps_key_order(
 # partition; the broker rejects the first (larger than the topic's max.message.bytes) and
 # accepts the second, so the later events come first
 # (the topic read 13, 14, 1, ..., 12.)
+# The relay now sizes batches to each topic's limit, so the broker refuses a batch only when
+# the limit drops below what the relay read: the test lowers it while the relay runs.
 async def test_rejected_partition_batch_inside_one_submit_keeps_key_order(
     db: asyncpg.Connection,
-    database_url: str,
     kafka_bootstrap: str,
     topic_namespace: str,
     relays: Relays,
     writer: Writer,
 ) -> None:
     topic = f"{topic_namespace}.orders"
-    # Every record fits the topic; a full producer batch (256 KiB) does not.
-    await _create_topic(kafka_bootstrap, topic, max_message_bytes=150_000)
-    key = "order-1"
-    for _ in range(14):  # about 280 KB: a full partition batch and a second one
-        await writer.commit(("orders", key, 20_000))
+    await _create_topic(kafka_bootstrap, topic, max_message_bytes=1_000_000)
     relay = relays.start("a", kafka_bootstrap, OUTBOX_RELAY_MAX_ATTEMPTS="1")
-    # The fault: the broker rejected a partition batch of the key and it went to quarantine.
-    await wait_until(
-        lambda: _too_large_in_quarantine(db, key),
-        timeout=30,
-        what="a partition batch rejected by the broker and quarantined",
-    )
-    await asyncio.sleep(1)  # whatever else the relay would do with the key, it does now
-
-    await _raise_limit_and_redrive(kafka_bootstrap, topic, database_url)
+    await writer.commit(("orders", "warm-up"))
+    await _drained(db)  # the relay has read the topic's limit: batches up to 256 KiB
+    await _set_max_message_bytes(kafka_bootstrap, topic, 150_000)
+    key = "order-1"
+    # One commit, so the 14 rows come in one fetch: about 280 KB, a full partition batch
+    # (built at the old limit) and a second one.
+    await writer.commit(*[("orders", key, 20_000)] * 14)
     await _check_key_order(db, kafka_bootstrap, writer, key, relay)
+    # The fault: the broker refused a partition batch of the key as too large (every record
+    # fits the topic; the batch built at the old limit did not).
+    refused = [
+        e for e in relay.logged("publish failed") if e.get("error_class") == "batch_too_large"
+    ]
+    assert refused, "the broker refused no batch as too large"
+    assert await _too_large_in_quarantine(db, key) == 0
 
 
 # -- 5 ----------------------------------------------------------------------------------------------

@@ -46,9 +46,9 @@ def test_known_failures(exc: BaseException, expected: FailureClass) -> None:
     assert classify_failure(exc) == expected
 
 
-def test_topic_lookups_and_oversized_batches_never_count_as_the_broker_failing() -> None:
+def test_topic_lookups_oversized_and_held_back_batches_never_count_as_the_broker_failing() -> None:
     names = {failure.name for failure in NOT_BROKER_FAILURES}
-    assert names == {"topic_lookup", "batch_too_large"}
+    assert names == {"topic_lookup", "batch_too_large", "held_behind_failure"}
     assert all(failure.retriable for failure in NOT_BROKER_FAILURES)
 
 
