@@ -192,7 +192,6 @@ class TopicCatalog:
         limit = self._limits.get(topic)
         return MAX_BATCH_BYTES if limit is None else limit.batch_bytes
 
-
     def refused_as_too_large(self, topic: str, batch_bytes: int) -> None:
         """The broker refused a batch of ``batch_bytes`` as too large: build smaller ones
         at once and read the topic's limit again."""

@@ -6,7 +6,6 @@ the wheel is built without it.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -117,7 +116,7 @@ async def test_a_client_certificate_logs_in_and_its_absence_is_one_line(
 ) -> None:
     # The role a client certificate names (its CN); pg_hba admits it only with that
     # certificate (scripts/services.sh), never with a password.
-    user = os.environ.get("PG_TEST_CERT_USER") or pytest.skip("PG_TEST_CERT_USER is not set")
+    user = service_file("PG_TEST_CERT_USER")  # a role name, read like the files beside it
     cert = service_file("PG_TEST_CLIENT_CERTFILE")
     key = service_file("PG_TEST_CLIENT_KEYFILE")
     admin = await connect(database_url)
