@@ -45,6 +45,19 @@ def _passfile(directory: Path, database_url: str, role: LoginRole, password: str
     return str(path)
 
 
+def _shown_while_refused(env: dict[str, str], says: str) -> list[str]:
+    """Everything a ``run`` that is refused shows (its process list, /health, /metrics and
+    its output), read while it runs, once it says ``says``."""
+    service = Service(env)
+    try:
+        service.wait_for_line(lambda line: says in line)
+        shown = [process_list(service.process.pid)]
+        shown += [body for _, body in (service.get("/health"), service.get("/metrics"))]
+    finally:
+        service.stop()
+    return [*shown, *service.lines]
+
+
 def _cli(env: dict[str, str], *args: str) -> tuple[list[str], str]:
     done = run_cli(*args, env=env)
     return [sys.executable, "-m", "outbox_relay", *args], done.stdout + done.stderr
@@ -110,14 +123,7 @@ async def test_no_secret_appears_in_logs_errors_endpoints_or_the_process_list(
         wrong_db = {**env, "PGPASSFILE": _passfile(tmp_path, database_url, role, wrong_db_password)}
         # run keeps running on a refused login (it serves unknown and retries), so it is
         # read while it runs, like the wrong Kafka password below.
-        refused = Service(wrong_db)
-        try:
-            refused.wait_for_line(lambda line: "authentication failed" in line)
-            shown.append(process_list(refused.process.pid))
-            shown += [body for _, body in (refused.get("/health"), refused.get("/metrics"))]
-        finally:
-            refused.stop()
-        shown.extend(refused.lines)
+        shown += _shown_while_refused(wrong_db, "authentication failed")
         argv, output = _cli(wrong_db, "check")
         shown += [" ".join(argv), output]
 
@@ -126,14 +132,7 @@ async def test_no_secret_appears_in_logs_errors_endpoints_or_the_process_list(
             "KAFKA_SASL_PASSWORD_FILE": "",
             "KAFKA_SASL_PASSWORD": wrong_kafka_password,
         }
-        failing = Service(wrong_kafka)
-        try:
-            failing.wait_for_line(lambda line: "kafka not reachable" in line)
-            shown.append(process_list(failing.process.pid))
-            shown += [body for _, body in (failing.get("/health"), failing.get("/metrics"))]
-        finally:
-            failing.stop()
-        shown.extend(failing.lines)
+        shown += _shown_while_refused(wrong_kafka, "kafka not reachable")
 
     assert len(shown) > 20
     text = "\n".join(shown)
