@@ -86,6 +86,7 @@ class ProducerKeeper:
     async def start(self, stop: anyio.Event) -> bool:
         """Start a producer, retrying with backoff; False if ``stop`` came first."""
         attempt = 0
+        last_cause = ""
         while not stop.is_set():
             producer = self._factory(self._config)
             try:
@@ -96,10 +97,13 @@ class ProducerKeeper:
                 delay = backoff_ms(attempt, base_ms=500, cap_ms=10_000, rng=self._rng)
                 # The producer's error has no cause: name it from a connection of our own.
                 cause = await bootstrap_failure(self._config)
-                log.warning(
+                # One line per change of cause, not one per retry.
+                log.log(
+                    logging.DEBUG if cause == last_cause else logging.WARNING,
                     "kafka not reachable, retrying",
                     extra={"error_class": failure.name, "cause": cause, "retry_in_ms": delay},
                 )
+                last_cause = cause
                 attempt += 1
                 self._on_backoff(delay)
                 with anyio.move_on_after(delay / 1000):

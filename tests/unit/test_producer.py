@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import random
 from types import SimpleNamespace
 from typing import Any
 
 import anyio
 import pytest
 
+import relay.producer
 from relay.config import RelayConfig
 from relay.producer import ProducerKeeper
 
@@ -85,3 +87,42 @@ async def test_replace_stops_the_old_producer_and_starts_a_fresh_one() -> None:
     assert not keeper.broken
     await keeper.stop()
     assert made[1].stopped
+
+
+async def test_a_producer_that_cannot_start_is_logged_once_per_cause(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    causes = iter(["connection refused", "connection refused", "connection refused", "timed out"])
+
+    async def bootstrap_failure(_: RelayConfig) -> str:
+        return next(causes)
+
+    monkeypatch.setattr(relay.producer, "bootstrap_failure", bootstrap_failure)
+    failures = 4
+
+    class Refused(FakeProducer):
+        async def start(self) -> None:
+            nonlocal failures
+            if failures:
+                failures -= 1
+                raise ConnectionRefusedError
+            await super().start()
+
+    def factory(_: RelayConfig) -> Any:
+        return Refused()
+
+    keeper = ProducerKeeper(CONFIG, factory=factory, rng=random.Random(0))
+    monkeypatch.setattr(relay.producer, "backoff_ms", lambda *_, **__: 1)
+    with caplog.at_level("DEBUG", logger="relay.producer"):
+        assert await keeper.start(anyio.Event())
+    said = [
+        (r.levelname, getattr(r, "cause", None))
+        for r in caplog.records
+        if r.getMessage() == "kafka not reachable, retrying"
+    ]
+    assert said == [
+        ("WARNING", "connection refused"),
+        ("DEBUG", "connection refused"),
+        ("DEBUG", "connection refused"),
+        ("WARNING", "timed out"),
+    ]
