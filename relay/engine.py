@@ -240,7 +240,9 @@ class Relay:
         drain_s = self.config.drain_timeout_ms / 1000
         reserve_s = min(2.0, drain_s / 4)
         scope.deadline = anyio.current_time() + drain_s - reserve_s / 2
-        await anyio.sleep(drain_s - reserve_s)
+        with anyio.move_on_after(drain_s - reserve_s):
+            await self._window.wait_empty()
+            return  # drained in time: nothing to give up, and no reason to wait longer
         if not self._window.empty():
             self._producer.reset("drain timeout")
 

@@ -426,3 +426,18 @@ async def test_sigterm_under_a_stalled_path_exits_within_the_drain_timeout(
             f"SIGTERM once the path healed"
         )
     )
+
+
+async def test_sigterm_with_nothing_in_flight_exits_without_waiting_for_the_drain_time(
+    db: asyncpg.Connection, kafka_bootstrap: str, relays: Relays, writer: Writer
+) -> None:
+    # The drain time bounds a drain; a relay with nothing to drain must not sit it out.
+    a = relays.start("a", kafka_bootstrap, OUTBOX_RELAY_DRAIN_TIMEOUT_MS="20000")
+    await _started(db, a)
+    await writer.commit(("orders", "order-1"))
+    await _drained(db)
+    a.terminate()
+    exited = await a.exited_within(20.0)
+    assert exited is not None, "still running 20 s after SIGTERM"
+    assert exited < 5.0, f"an idle relay took {exited:.1f} s to stop (drain timeout 20 s)"
+    assert a.process.returncode == 0
