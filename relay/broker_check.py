@@ -58,7 +58,9 @@ async def bootstrap_failure(config: RelayConfig, *, timeout_s: float = 10.0) -> 
     host, _, port = first.rpartition(":")
     security = config.kafka_security
     try:
-        with anyio.fail_after(timeout_s):
+        # aiokafka's own timeouts end a stuck attempt and close what it opened; the outer
+        # bound only guards against a hang, since a cancelled attempt may leak its socket.
+        with anyio.fail_after(2 * timeout_s):
             conn = await create_conn(
                 host or "localhost",
                 int(port or 9092),

@@ -91,8 +91,12 @@ class ProducerKeeper:
             producer = self._factory(self._config)
             try:
                 await producer.start()
-            except Exception as exc:
-                await producer.stop()
+            except BaseException as exc:
+                # Also when cancelled mid-start (a stop): its bootstrap connections close.
+                with anyio.CancelScope(shield=True):
+                    await producer.stop()
+                if not isinstance(exc, Exception):
+                    raise
                 failure = classify_failure(exc)
                 delay = backoff_ms(attempt, base_ms=500, cap_ms=10_000, rng=self._rng)
                 # The producer's error has no cause: name it from a connection of our own.

@@ -72,6 +72,7 @@ class TopicCatalog:
         self._client: Any = None
         self._producer: AIOKafkaProducer | None = None
         self._admin: AIOKafkaAdminClient | None = None
+        self._admin_lock = asyncio.Lock()
         self._missing: dict[str, float] = {}  # topic -> when the broker was last seen without it
         self._lookups: dict[str, asyncio.Task[BaseException | None]] = {}
         self._describing: dict[str, asyncio.Task[None]] = {}
@@ -251,6 +252,12 @@ class TopicCatalog:
         return None
 
     async def _admin_client(self) -> AIOKafkaAdminClient:
+        # Reads of two topics' limits start together: without the lock each made its own
+        # admin client and only the last one was ever closed.
+        async with self._admin_lock:
+            return await self._open_admin_client()
+
+    async def _open_admin_client(self) -> AIOKafkaAdminClient:
         if self._admin is None:
             config = self._config
             admin = AIOKafkaAdminClient(
