@@ -261,6 +261,10 @@ pg15_settings() {
     printf '%s\n' "# managed by outbox-relay scripts/services.sh" "port = $PG15_PORT" "listen_addresses = 'localhost'"
     pg_common_settings
     pg_tls_settings "$PG15_DATA"
+    # Logical WAL so the benchmark can run Debezium's connector against this same cluster,
+    # and pg_stat_statements so hot statements can be measured where they run.
+    printf '%s\n' "wal_level = logical" "max_replication_slots = 10" "max_wal_senders = 10" \
+        "shared_preload_libraries = 'pg_stat_statements'"
 }
 
 # pg15_ensure_hba: our pg_hba lines (password login for outbox, certificate login for the
@@ -269,6 +273,10 @@ pg15_ensure_hba() {
     local hba="/etc/postgresql/$PG15_VER/main/pg_hba.conf" changed=1
     if ! as_root grep -qE '^[[:space:]]*host[[:space:]]+all[[:space:]]+(all|outbox)[[:space:]]+127\.0\.0\.1/32[[:space:]]+(scram-sha-256|md5)' "$hba"; then
         as_root sed -i '1i host all outbox 127.0.0.1/32 scram-sha-256  # outbox-relay scripts/services.sh' "$hba"
+        changed=0
+    fi
+    if ! as_root grep -qE '^[[:space:]]*host[[:space:]]+replication[[:space:]]+outbox[[:space:]]+127\.0\.0\.1/32' "$hba"; then
+        as_root sed -i '1i host replication outbox 127.0.0.1/32 scram-sha-256  # outbox-relay scripts/services.sh (logical decoding peers)' "$hba"
         changed=0
     fi
     if ! as_root grep -qE "^hostssl[[:space:]]+all[[:space:]]+$PG_CERT_USER[[:space:]]+127\.0\.0\.1/32[[:space:]]+cert" "$hba"; then
