@@ -31,6 +31,7 @@ from health.metrics import HealthCollector, HealthCounters
 from health.probing import NOT_MIGRATED
 from health.render import encode_json, health_document, report_status, status_page
 from health.rules import mark_stale
+from pgconnect import pool_options
 
 logger = logging.getLogger("health")
 
@@ -38,8 +39,16 @@ HEALTH_JSON = "application/health+json"
 _TEXT = "text/plain; charset=utf-8"
 _HTML = "text/html; charset=utf-8"
 _POOL_SIZE = 2
+HTTP_MAX_CONNECTIONS = 256
+"""Open HTTP connections kept by default; beyond it the idle ones are closed first."""
 DATABASE_RETRY_MAX_MS = 30_000
 """The longest wait between attempts while the database is unreachable or not migrated."""
+# Behind a transaction pooler only application_name reaches the server; the sidecar's
+# role is read-only by its grants (outbox-relay grant --as sidecar) either way.
+SIDECAR_SESSION_SETTINGS = {
+    "application_name": "outbox-relay-health",
+    "default_transaction_read_only": "on",
+}
 _NOT_MIGRATED_STATE = "database is not migrated: run `outbox-relay migrate`"
 
 
@@ -68,13 +77,15 @@ class HealthSidecar:
         relay: RelayProbe | None = None,
         receipt_retention_ms: int | None = None,
         http_io_timeout: float = 2.0,
-        http_max_connections: int = 256,
+        http_max_connections: int = HTTP_MAX_CONNECTIONS,
         completion_recheck_period_ms: int = RECHECK_PERIOD_MS,
         database_retry_max_ms: int = DATABASE_RETRY_MAX_MS,
+        transaction_pooler: bool = False,
     ) -> None:
         if database_retry_max_ms < 0:
             raise HealthSettingError("the database retry back-off cap must not be negative")
         self._database_url = database_url
+        self._transaction_pooler = transaction_pooler
         self._policy = policy
         self._registry = registry
         self._relay = relay
@@ -124,10 +135,9 @@ class HealthSidecar:
                 # of the whole evaluation timing out on the connection attempt.
                 timeout=self._timeout / 2,
                 command_timeout=self._timeout,
-                server_settings={
-                    "application_name": "outbox-relay-health",
-                    "default_transaction_read_only": "on",
-                },
+                **pool_options(
+                    SIDECAR_SESSION_SETTINGS, transaction_pooler=self._transaction_pooler
+                ),
             )
             self._registry.register(self._collector)
         except BaseException:

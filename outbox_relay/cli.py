@@ -37,7 +37,7 @@ from outbox_relay.settings import (
     ServiceSettings,
     Settings,
 )
-from pgconnect import connect, describe_target
+from pgconnect import connect, connection_options, describe_target
 from relay.redrive import redrive
 
 EXIT_OK = 0
@@ -140,7 +140,10 @@ async def _migrate(settings: MigrateSettings) -> int:
 
 
 async def _redrive(settings: RedriveSettings) -> int:
-    conn = await connect(settings.database_url)
+    conn = await connect(
+        settings.database_url,
+        **connection_options({}, transaction_pooler=settings.transaction_pooler),
+    )
     try:
         await require_migrated(conn, load_migrations())
         count = await redrive(conn, settings.selection)
@@ -151,7 +154,10 @@ async def _redrive(settings: RedriveSettings) -> int:
 
 
 async def _grant(settings: GrantSettings) -> int:
-    conn = await connect(settings.database_url)
+    conn = await connect(
+        settings.database_url,
+        **connection_options({}, transaction_pooler=settings.transaction_pooler),
+    )
     try:
         await require_migrated(conn, load_migrations())
         plan = plan_grants(settings.role, settings.parts, await read_facts(conn, settings.role))
@@ -171,7 +177,10 @@ async def _grant(settings: GrantSettings) -> int:
 async def _health_report(settings: HealthReportSettings) -> int:
     command = status if settings.table else check
     text, code = await command(
-        settings.database_url, settings.policy, receipt_retention_ms=settings.receipt_retention_ms
+        settings.database_url,
+        settings.policy,
+        receipt_retention_ms=settings.receipt_retention_ms,
+        transaction_pooler=settings.transaction_pooler,
     )
     print(text)
     return code

@@ -18,7 +18,9 @@ from functools import partial
 from typing import Any
 
 from contracts.errors import ConfigError
+from health.families.completion_tracker import RECHECK_PERIOD_MS
 from health.policy import load_policy
+from health.sidecar import DATABASE_RETRY_MAX_MS, HTTP_MAX_CONNECTIONS
 from migrations.grants import parse_parts
 from outbox_relay.settings import (
     DemoOptions,
@@ -29,8 +31,9 @@ from outbox_relay.settings import (
     RedriveSettings,
     ServiceSettings,
     Settings,
+    SidecarOptions,
 )
-from pgconnect import validate_database_url
+from pgconnect import POOLERS, TRANSACTION_POOLER, validate_database_url
 from relay.config import KafkaSecurity, RelayConfig, new_instance_id
 from relay.redrive import RedriveFilter
 
@@ -49,6 +52,8 @@ VERBS: tuple[tuple[str, str], ...] = (
 )
 EVERY_VERB = frozenset(name for name, _ in VERBS)
 RELAY_VERBS = frozenset({RUN, DEMO})
+# The verbs that run the health sidecar (run --no-relay included).
+SIDECAR_VERBS = frozenset({RUN, DEMO})
 HEALTH_VERBS = frozenset({RUN, CHECK, STATUS, DEMO})
 
 Environ = Mapping[str, str]
@@ -233,6 +238,22 @@ DATABASE_URL = Text(
     verbs=EVERY_VERB,
     help="postgresql:// URL; without one, libpq PG* variables apply",
 )
+DATABASE_POOLER = Text(
+    flag="--database-pooler",
+    env="OUTBOX_RELAY_DATABASE_POOLER",
+    choices=POOLERS,
+    verbs=EVERY_VERB,
+    help="none, or transaction: --database-url reaches PostgreSQL through a transaction "
+    "pooler (PgBouncer pool_mode=transaction): no prepared statements, no session state",
+)
+LISTEN_DATABASE_URL = Text(
+    flag="--listen-database-url",
+    env="OUTBOX_RELAY_LISTEN_DATABASE_URL",
+    verbs=RELAY_VERBS | {MIGRATE},
+    default_text="--database-url",
+    help="direct postgresql:// URL (no pooler) for the relay's LISTEN connection, and for "
+    "migrate behind a transaction pooler",
+)
 LOG_LEVEL = Text(
     flag="--log-level",
     env="OUTBOX_RELAY_LOG_LEVEL",
@@ -360,6 +381,29 @@ LISTEN = Text(
     verbs=RELAY_VERBS,
     help="HOST:PORT of the health sidecar",
 )
+HTTP_MAX_CONNECTIONS_OPTION = Integer(
+    flag="--http-max-connections",
+    env="OUTBOX_RELAY_HTTP_MAX_CONNECTIONS",
+    default=HTTP_MAX_CONNECTIONS,
+    verbs=SIDECAR_VERBS,
+    help="open HTTP connections the health server keeps; idle ones are closed first beyond it",
+)
+DATABASE_RETRY_MAX = Integer(
+    flag="--database-retry-max-ms",
+    env="OUTBOX_RELAY_DATABASE_RETRY_MAX_MS",
+    default=DATABASE_RETRY_MAX_MS,
+    verbs=SIDECAR_VERBS,
+    help="longest wait between the health sidecar's attempts while the database is "
+    "unreachable or not migrated",
+)
+COMPLETION_RECHECK_PERIOD = Integer(
+    flag="--completion-recheck-period-ms",
+    env="OUTBOX_RELAY_COMPLETION_RECHECK_PERIOD_MS",
+    default=RECHECK_PERIOD_MS,
+    verbs=SIDECAR_VERBS,
+    help="the running sidecar re-reads its whole completion look-back once per this period "
+    "(0: every evaluation)",
+)
 NO_RELAY = Switch(flag="--no-relay", verbs=frozenset({RUN}), help="run the health sidecar alone")
 EVENT_ID = Repeated(flag="--id", verbs=frozenset({REDRIVE}), help="event id (repeatable)")
 AGGREGATETYPE = Text(
@@ -399,6 +443,8 @@ EXIT_WHEN_DONE = Switch(
 
 OPTIONS: tuple[Option, ...] = (
     DATABASE_URL,
+    DATABASE_POOLER,
+    LISTEN_DATABASE_URL,
     LOG_LEVEL,
     LOG_FORMAT,
     VERIFY,
@@ -419,6 +465,9 @@ OPTIONS: tuple[Option, ...] = (
     POLICY,
     RECEIPT_RETENTION,
     LISTEN,
+    HTTP_MAX_CONNECTIONS_OPTION,
+    DATABASE_RETRY_MAX,
+    COMPLETION_RECHECK_PERIOD,
     NO_RELAY,
     EVENT_ID,
     AGGREGATETYPE,
@@ -489,9 +538,40 @@ def _database_url(args: argparse.Namespace, environ: Environ) -> str | None:
     return validate_database_url(DATABASE_URL.value(args, environ))
 
 
+def _transaction_pooler(args: argparse.Namespace, environ: Environ) -> bool:
+    pooler = DATABASE_POOLER.value(args, environ)
+    if pooler not in (None, *POOLERS):  # argparse checked the flag, not the variable
+        raise ConfigError(f"OUTBOX_RELAY_DATABASE_POOLER must be one of {', '.join(POOLERS)}")
+    return pooler == TRANSACTION_POOLER
+
+
+def _listen_database_url(args: argparse.Namespace, environ: Environ) -> str | None:
+    url = LISTEN_DATABASE_URL.value(args, environ)
+    if url is None:
+        return None
+    try:
+        return validate_database_url(url)
+    except ConfigError as exc:  # its message names --database-url
+        raise ConfigError(str(exc).replace("--database-url", "--listen-database-url")) from None
+
+
+def _session_database_url(args: argparse.Namespace, environ: Environ) -> str | None:
+    """The URL of a verb that needs a session of its own (migrate's advisory lock): behind a
+    transaction pooler, the direct one."""
+    if not _transaction_pooler(args, environ):
+        return _database_url(args, environ)
+    direct = _listen_database_url(args, environ)
+    if direct is None:
+        raise ConfigError(
+            "migrate needs a session, which a transaction pooler does not keep: give "
+            "--listen-database-url (OUTBOX_RELAY_LISTEN_DATABASE_URL) a direct URL"
+        )
+    return direct
+
+
 def _migrate(args: argparse.Namespace, environ: Environ) -> MigrateSettings:
     return MigrateSettings(
-        database_url=_database_url(args, environ), verify=VERIFY.value(args, environ)
+        database_url=_session_database_url(args, environ), verify=VERIFY.value(args, environ)
     )
 
 
@@ -507,7 +587,11 @@ def _redrive(args: argparse.Namespace, environ: Environ) -> RedriveSettings:
         error_class=ERROR_CLASS.value(args, environ),
         everything=EVERYTHING.value(args, environ),
     )
-    return RedriveSettings(database_url=_database_url(args, environ), selection=selection)
+    return RedriveSettings(
+        database_url=_database_url(args, environ),
+        selection=selection,
+        transaction_pooler=_transaction_pooler(args, environ),
+    )
 
 
 def _grant(args: argparse.Namespace, environ: Environ) -> GrantSettings:
@@ -519,6 +603,7 @@ def _grant(args: argparse.Namespace, environ: Environ) -> GrantSettings:
         role=role,
         parts=parse_parts(GRANT_AS.values(args)),
         print_only=PRINT_ONLY.value(args, environ),
+        transaction_pooler=_transaction_pooler(args, environ),
     )
 
 
@@ -528,6 +613,7 @@ def _health_report(args: argparse.Namespace, environ: Environ) -> HealthReportSe
         database_url=_database_url(args, environ),
         receipt_retention_ms=RECEIPT_RETENTION.value(args, environ),
         table=args.verb == STATUS,
+        transaction_pooler=_transaction_pooler(args, environ),
     )
 
 
@@ -553,6 +639,12 @@ def _service(args: argparse.Namespace, environ: Environ) -> ServiceSettings:
         if sidecar_alone
         else relay_config(args, environ, database_url=database_url, receipt_retention_ms=retention),
         demo=demo,
+        transaction_pooler=_transaction_pooler(args, environ),
+        sidecar=SidecarOptions(
+            http_max_connections=HTTP_MAX_CONNECTIONS_OPTION.value(args, environ),
+            database_retry_max_ms=DATABASE_RETRY_MAX.value(args, environ),
+            completion_recheck_period_ms=COMPLETION_RECHECK_PERIOD.value(args, environ),
+        ),
     )
 
 
@@ -595,6 +687,8 @@ def relay_config(
         notify=not NO_NOTIFY.value(args, environ),
         compression=COMPRESSION.value(args, environ),
         receipt_retention_ms=receipt_retention_ms,
+        listen_database_url=_listen_database_url(args, environ),
+        transaction_pooler=_transaction_pooler(args, environ),
         **tuning,
     )
 

@@ -35,6 +35,10 @@ async def run_service(settings: ServiceSettings) -> int:
         registry=registry,
         relay=relay,
         receipt_retention_ms=settings.receipt_retention_ms,
+        http_max_connections=settings.sidecar.http_max_connections,
+        completion_recheck_period_ms=settings.sidecar.completion_recheck_period_ms,
+        database_retry_max_ms=settings.sidecar.database_retry_max_ms,
+        transaction_pooler=settings.transaction_pooler,
     )
     async with sidecar, anyio.create_task_group() as tasks:
         tasks.start_soon(_watch_signals, stop, tasks.cancel_scope, relay is not None)

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from contracts.errors import ConfigError
 from contracts.policy import Policy
+from health.families.completion_tracker import RECHECK_PERIOD_MS
+from health.sidecar import DATABASE_RETRY_MAX_MS, HTTP_MAX_CONNECTIONS
 from relay.config import RelayConfig
 from relay.redrive import RedriveFilter
 
@@ -35,6 +37,7 @@ class RedriveSettings:
 
     database_url: str | None = field(repr=False)
     selection: RedriveFilter
+    transaction_pooler: bool = False
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class GrantSettings:
     role: str
     parts: tuple[str, ...]
     print_only: bool
+    transaction_pooler: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ class HealthReportSettings:
     policy: Policy
     receipt_retention_ms: int
     table: bool
+    transaction_pooler: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,28 @@ class DemoOptions:
 
 
 @dataclass(frozen=True)
+class SidecarOptions:
+    """The health sidecar's own limits (its HTTP server, its database back-off, its
+    completion re-check)."""
+
+    http_max_connections: int = HTTP_MAX_CONNECTIONS
+    database_retry_max_ms: int = DATABASE_RETRY_MAX_MS
+    completion_recheck_period_ms: int = RECHECK_PERIOD_MS
+
+    def __post_init__(self) -> None:
+        if self.http_max_connections < 1:
+            raise ConfigError(
+                f"--http-max-connections must be a positive integer, got {self.http_max_connections}"
+            )
+        for flag, value in (
+            ("--database-retry-max-ms", self.database_retry_max_ms),
+            ("--completion-recheck-period-ms", self.completion_recheck_period_ms),
+        ):
+            if value < 0:
+                raise ConfigError(f"{flag} must not be negative, got {value}")
+
+
+@dataclass(frozen=True)
 class ServiceSettings:
     """``run`` and ``demo``: the relay (unless ``--no-relay``), the sidecar and the demo.
 
@@ -87,12 +114,15 @@ class ServiceSettings:
     receipt_retention_ms: int
     relay: RelayConfig | None
     demo: DemoOptions | None = None
+    transaction_pooler: bool = False
+    sidecar: SidecarOptions = field(default_factory=SidecarOptions)
 
     def __post_init__(self) -> None:
         relay = self.relay
         if relay is not None and (
             relay.database_url != self.database_url
             or relay.receipt_retention_ms != self.receipt_retention_ms
+            or relay.transaction_pooler != self.transaction_pooler
         ):
             raise ConfigError(
                 "the relay and the health sidecar must share the database and the receipt retention"

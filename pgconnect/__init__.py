@@ -111,11 +111,68 @@ def unavailable_cause(exc: BaseException) -> str:
         return "database does not exist"
     if isinstance(exc, asyncpg.TooManyConnectionsError | asyncpg.CannotConnectNowError):
         return "server is not accepting connections"
+    if isinstance(exc, asyncpg.ProtocolViolationError) and _REFUSED_STARTUP in str(exc):
+        return POOLER_REFUSED_SETTING
     if isinstance(exc, asyncpg.PostgresError):
         return f"server refused ({exc.sqlstate})"
     if isinstance(exc, OSError):
         return f"network error ({type(exc).__name__})"
     return type(exc).__name__
+
+
+# -- behind a transaction pooler ------------------------------------------------------------
+TRANSACTION_POOLER = "transaction"
+POOLERS = ("none", TRANSACTION_POOLER)
+"""What sits between the product and PostgreSQL (``--database-pooler``)."""
+
+# A pooler such as PgBouncer hands each transaction to whichever server connection is
+# free, so nothing a session remembers survives to the next transaction: named prepared
+# statements, SET, advisory locks, LISTEN. PgBouncer passes only the start-up parameters
+# it tracks itself on to the server and refuses a login that carries any other
+# ("unsupported startup parameter"), unless its ignore_startup_parameters drops them
+# unapplied; application_name is one it tracks.
+POOLER_STARTUP_PARAMETERS = frozenset({"application_name"})
+_REFUSED_STARTUP = "unsupported startup parameter"
+POOLER_REFUSED_SETTING = (
+    "a connection pooler refused a start-up setting (behind PgBouncer in transaction "
+    "mode, set --database-pooler transaction)"
+)
+
+
+def connection_options(
+    server_settings: Mapping[str, str], *, transaction_pooler: bool
+) -> dict[str, Any]:
+    """asyncpg keywords for one part's connections, direct or behind a transaction pooler.
+
+    Behind the pooler: no named prepared statements (asyncpg then sends each statement as
+    one unnamed Parse/Bind/Execute, which the pooler keeps on one server connection), and
+    only the start-up settings the pooler passes on; the rest are the role's to set
+    (``ALTER ROLE … SET``), where every server connection the pooler opens picks them up.
+    """
+    if not transaction_pooler:
+        return {"server_settings": dict(server_settings)}
+    return {
+        "server_settings": {
+            name: value
+            for name, value in server_settings.items()
+            if name in POOLER_STARTUP_PARAMETERS
+        },
+        "statement_cache_size": 0,
+    }
+
+
+def pool_options(server_settings: Mapping[str, str], *, transaction_pooler: bool) -> dict[str, Any]:
+    """:func:`connection_options` for a pool; behind a transaction pooler, no session reset
+    on release either (asyncpg's default runs UNLISTEN, pg_advisory_unlock_all and RESET
+    ALL, which would land on a server connection another client's transaction may use next)."""
+    options = connection_options(server_settings, transaction_pooler=transaction_pooler)
+    if transaction_pooler:
+        options["reset"] = _no_session_to_reset
+    return options
+
+
+async def _no_session_to_reset(conn: asyncpg.Connection) -> None:
+    """Release a pooled connection as it is: through a transaction pooler there is no session of ours."""
 
 
 async def connect(url: str | None, *, timeout: float = 10.0, **kwargs: Any) -> asyncpg.Connection:

@@ -105,6 +105,10 @@ class RelayConfig:
     blocking_transaction_warn_ms: int = 30_000
     linger_ms: int = 5
     compression: str | None = None
+    # A direct (session) connection for LISTEN; behind a transaction pooler it is the only
+    # way to get NOTIFY wake-ups (relay/wakeups.py, listen_plan).
+    listen_database_url: str | None = field(default=None, repr=False)
+    transaction_pooler: bool = False
 
     def __post_init__(self) -> None:
         validate_topic_template(self.topic_template)

@@ -44,7 +44,7 @@ from relay.publisher import Submission
 from relay.records import KafkaRecord, OutboxRow, RecordMapper, RecordRejected
 from relay.retry import LANE_LOST, NOT_BROKER_FAILURES, backoff_ms
 from relay.store import RelayStore, create_relay_pool
-from relay.wakeups import NotificationListener, WakeUp
+from relay.wakeups import NotificationListener, WakeUp, listen_plan
 
 log = logging.getLogger(__name__)
 
@@ -164,15 +164,30 @@ class Relay:
                 self._every(background, "lanes", self._lane_round, config.lease_renew_ms)
                 self._every(background, "observe", housekeeping.observe_round, OBSERVE_EVERY_MS)
                 self._every(background, "prune", housekeeping.prune_round, config.prune_interval_ms)
-                if config.notify:
+                plan = listen_plan(
+                    notify=config.notify,
+                    database_url=config.database_url,
+                    listen_database_url=config.listen_database_url,
+                    transaction_pooler=config.transaction_pooler,
+                )
+                if plan.listen:
                     listener = NotificationListener(
-                        config.database_url,
+                        plan.url,
                         poll_interval_ms=config.poll_interval_ms,
                         wake=self._wake,
                         liveness=self.liveness,
                         rng=self._rng,
                     )
                     background.start_soon(listener.run, name="listen")
+                elif config.notify:
+                    # Said once: the relay still delivers, a poll interval later at worst.
+                    log.warning(
+                        "NOTIFY wake-ups are off; polling only",
+                        extra={
+                            "cause": plan.off_because,
+                            "poll_interval_ms": config.poll_interval_ms,
+                        },
+                    )
                 # Every batch queued holds an in-flight slot, so the buffer never fills.
                 batches, acknowledging = anyio.create_memory_object_stream[Batch](
                     config.max_in_flight_batches
@@ -202,7 +217,9 @@ class Relay:
         last_cause = ""
         while not stop.is_set():
             try:
-                pool = await create_relay_pool(self.config.database_url)
+                pool = await create_relay_pool(
+                    self.config.database_url, transaction_pooler=self.config.transaction_pooler
+                )
             except DatabaseUnavailable as exc:
                 if str(exc) != last_cause:
                     last_cause = str(exc)

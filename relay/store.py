@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import asyncpg
 
-from pgconnect import create_pool, pooled
+from pgconnect import create_pool, pool_options, pooled
 from relay import sql
 from relay.outcome import FailedRow, PublishedGroup
 
@@ -20,7 +20,9 @@ from relay.outcome import FailedRow, PublishedGroup
 # with stale statistics the planner chose a full scan plus sort for the fetch (seconds
 # per batch on a 200k backlog) or a nested loop over the whole table. Every relay
 # statement is written for its index, so the relay's own sessions simply rule out the
-# alternatives; JIT only adds latency to these short statements.
+# alternatives; JIT only adds latency to these short statements. Behind a transaction
+# pooler only application_name is sent; docs/relay.md ("Behind PgBouncer") gives the
+# ALTER ROLE that sets the rest for the relay's role.
 RELAY_SESSION_SETTINGS = {
     "application_name": "outbox-relay",
     "enable_seqscan": "off",
@@ -30,9 +32,10 @@ RELAY_SESSION_SETTINGS = {
 }
 
 
-async def create_relay_pool(url: str | None) -> asyncpg.Pool:
-    """The relay's pool: its sessions carry :data:`RELAY_SESSION_SETTINGS`."""
-    return await create_pool(url, min_size=2, max_size=4, server_settings=RELAY_SESSION_SETTINGS)
+async def create_relay_pool(url: str | None, *, transaction_pooler: bool = False) -> asyncpg.Pool:
+    """The relay's pool: its sessions carry :data:`RELAY_SESSION_SETTINGS` (directly)."""
+    options = pool_options(RELAY_SESSION_SETTINGS, transaction_pooler=transaction_pooler)
+    return await create_pool(url, min_size=2, max_size=4, **options)
 
 
 class PublishedArrays(NamedTuple):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import random
+from dataclasses import dataclass, field
 
 import anyio
 
@@ -18,6 +19,40 @@ from relay.retry import backoff_ms
 log = logging.getLogger(__name__)
 
 _KEEPALIVE_TIMEOUT_S = 5
+
+
+@dataclass(frozen=True)
+class ListenPlan:
+    """Where the relay LISTENs, or why it does not (then it finds work by polling alone)."""
+
+    listen: bool
+    url: str | None = field(default=None, repr=False)  # None with listen: libpq PG* variables
+    off_because: str | None = None
+
+
+def listen_plan(
+    *,
+    notify: bool,
+    database_url: str | None,
+    listen_database_url: str | None,
+    transaction_pooler: bool,
+) -> ListenPlan:
+    """Decide the LISTEN connection: the listen URL if given, else the database URL unless
+    a transaction pooler sits behind it (it would hand our LISTEN to a server connection
+    that other clients' transactions use, and its notifications would never reach us)."""
+    if not notify:
+        return ListenPlan(False, off_because="--no-notify")
+    if listen_database_url:
+        return ListenPlan(True, listen_database_url)
+    if transaction_pooler:
+        return ListenPlan(
+            False,
+            off_because=(
+                "behind a transaction pooler LISTEN needs a direct connection to PostgreSQL "
+                "(--listen-database-url)"
+            ),
+        )
+    return ListenPlan(True, database_url)
 
 
 class WakeUp:
