@@ -201,6 +201,32 @@ async def test_run_no_relay_serves_health_through_pgbouncer(
     assert result.code == 0, result.stderr
 
 
+async def test_run_with_the_relay_through_pgbouncer_is_within_bounds(
+    behind_pgbouncer: PooledDatabase, kafka_bootstrap: str
+) -> None:
+    # The shipped policy, relay family included: heartbeats and lanes through the pooler.
+    result, document = await run_service_cli(
+        "run",
+        "--database-url",
+        behind_pgbouncer.pooled,
+        "--database-pooler",
+        "transaction",
+        "--listen-database-url",
+        behind_pgbouncer.direct,
+        "--kafka-bootstrap",
+        kafka_bootstrap,
+        "--policy",
+        str(REPO / "docs" / "policy.example.toml"),
+        listen_port=free_port(),
+        env=cli_env(),
+        settle=60.0,
+    )
+    assert document is not None, result.stderr
+    assert document["classification"] == "within_bounds", document
+    assert result.code == 0, result.stderr
+    assert "wake-ups are off" not in result.stderr
+
+
 # -- the scoring writer and worker SDK -------------------------------------------------------
 async def test_writer_completes_jobs_through_pgbouncer(behind_pgbouncer: PooledDatabase) -> None:
     details = EventDetails(
