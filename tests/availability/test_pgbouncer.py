@@ -180,51 +180,46 @@ async def test_check_and_status_through_pgbouncer(
     assert "--database-pooler transaction" in refused.stdout
 
 
-async def test_run_no_relay_serves_health_through_pgbouncer(
-    behind_pgbouncer: PooledDatabase, policy_file: str
-) -> None:
+async def serves_within_bounds(db: PooledDatabase, *args: str, settle: float) -> str:
+    """``run ARGS`` through PgBouncer until /health is within bounds; its stderr."""
     result, document = await run_service_cli(
         "run",
-        "--no-relay",
         "--database-url",
-        behind_pgbouncer.pooled,
+        db.pooled,
         "--database-pooler",
         "transaction",
-        "--policy",
-        policy_file,
+        *args,
         listen_port=free_port(),
         env=cli_env(),
-        settle=30.0,
+        settle=settle,
     )
     assert document is not None, result.stderr
     assert document["classification"] == "within_bounds", document
     assert result.code == 0, result.stderr
+    return result.stderr
+
+
+async def test_run_no_relay_serves_health_through_pgbouncer(
+    behind_pgbouncer: PooledDatabase, policy_file: str
+) -> None:
+    await serves_within_bounds(behind_pgbouncer, "--no-relay", "--policy", policy_file, settle=30.0)
 
 
 async def test_run_with_the_relay_through_pgbouncer_is_within_bounds(
     behind_pgbouncer: PooledDatabase, kafka_bootstrap: str
 ) -> None:
     # The shipped policy, relay family included: heartbeats and lanes through the pooler.
-    result, document = await run_service_cli(
-        "run",
-        "--database-url",
-        behind_pgbouncer.pooled,
-        "--database-pooler",
-        "transaction",
+    stderr = await serves_within_bounds(
+        behind_pgbouncer,
         "--listen-database-url",
         behind_pgbouncer.direct,
         "--kafka-bootstrap",
         kafka_bootstrap,
         "--policy",
         str(REPO / "docs" / "policy.example.toml"),
-        listen_port=free_port(),
-        env=cli_env(),
         settle=60.0,
     )
-    assert document is not None, result.stderr
-    assert document["classification"] == "within_bounds", document
-    assert result.code == 0, result.stderr
-    assert "wake-ups are off" not in result.stderr
+    assert "wake-ups are off" not in stderr
 
 
 # -- the scoring writer and worker SDK -------------------------------------------------------
