@@ -69,15 +69,17 @@ def _elapsed_ms(since: float) -> float:
 
 
 class Fetched(NamedTuple):
-    """One fetch: the rows to send, whether the statement's limit was reached, and the
-    last seq it read (the cursor's next position), rows left out included."""
+    """One fetch: the rows to send, whether the statement's limit was reached, the last
+    seq it read (the cursor's next position), rows left out included, and the in-flight
+    window's mark taken when it started (InFlightWindow.held_since)."""
 
     records: list[Any]
     full: bool
     last_seq: int | None
+    mark: int
 
 
-_NOTHING_FETCHED = Fetched([], full=False, last_seq=None)
+_NOTHING_FETCHED = Fetched([], full=False, last_seq=None, mark=-1)
 
 
 class _Prefetch:
@@ -341,7 +343,7 @@ class Relay:
                 else:
                     fetching, prefetch = prefetch.records(), None
                 try:
-                    records, full, last_seq = await fetching
+                    records, full, last_seq, mark = await fetching
                 except DB_ERRORS as exc:
                     window.give_back_slot()
                     log.warning("fetch failed", extra={"cause": unavailable_cause(exc)})
@@ -365,14 +367,15 @@ class Relay:
                     prefetch = _Prefetch()
                     prefetching.start_soon(prefetch.fill, partial(self._fetch, lanes, cursor))
                 # Lanes may have been handed back meanwhile, and keys held back by a
-                # failure this relay has not recorded yet are skipped: the next pass
-                # finds those rows again.
+                # failure this relay has not recorded yet (or recorded after this fetch
+                # began) are skipped: the next pass finds those rows again.
                 publishable = set(lanes)
                 rows = [
                     OutboxRow.from_record(r)
                     for r in records
-                    if r["lane"] in publishable and not window.is_held(r["aggregateid"])
+                    if r["lane"] in publishable and not window.held_since(r["aggregateid"], mark)
                 ]
+                window.fetch_done(mark)
                 if rows:
                     fences = dict(
                         zip(*self._lanes.leases.fences_for({r.lane for r in rows}), strict=True)
@@ -409,13 +412,19 @@ class Relay:
         # read so far: a fetch from there on (every fetch of an ordinary pass) needs no set.
         meets_in_flight = cursor < self._read_up_to and not self._window.empty()
         in_flight = self._window.seqs() if meets_in_flight else frozenset()
-        records = await self._store.fetch_ready(lanes, cursor, self.config.batch_size)
+        mark = self._window.fetch_mark()
+        try:
+            records = await self._store.fetch_ready(lanes, cursor, self.config.batch_size)
+        except BaseException:
+            self._window.fetch_done(mark)
+            raise
         if records:
             self._read_up_to = max(self._read_up_to, records[-1]["seq"])
         return Fetched(
             [r for r in records if r["seq"] not in in_flight] if in_flight else records,
             full=len(records) == self.config.batch_size,
             last_seq=records[-1]["seq"] if records else None,
+            mark=mark,
         )
 
     async def _send(self, rows: list[OutboxRow], fences: dict[int, int]) -> Batch:

@@ -5,6 +5,11 @@ recorded, so at most ``capacity`` batches are in flight: that is the most a cras
 publish twice. While a batch is in flight its rows' lanes stay with this instance, and
 the keys of its failed rows are held back until the failure is recorded (until then the
 database does not hold them back yet). Every change to that state goes through here.
+
+A fetch statement whose snapshot predates a failure's record still sees the key free, so
+a key released while a fetch was open stays held back from that fetch's rows: each fetch
+takes a mark when it starts (:meth:`fetch_mark`), its rows are filtered with
+:meth:`held_since` and it ends with :meth:`fetch_done`.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ class InFlightWindow:
         self._lanes: dict[int, int] = {}  # seq -> lane
         self._held_keys: Counter[str] = Counter()
         self._emptied = anyio.Event()
+        self._releases = 0  # keys released so far: the marks fetches take
+        self._released_at: dict[str, int] = {}  # key -> mark of its last release
+        self._open_fetches: Counter[int] = Counter()  # mark -> fetches started there, not done
 
     # -- slots ----------------------------------------------------------------------------
     async def take_slot(self) -> None:
@@ -60,6 +68,29 @@ class InFlightWindow:
             self._held_keys[key] -= 1
             if self._held_keys[key] <= 0:
                 del self._held_keys[key]
+                if self._open_fetches:  # only an open fetch can have read the key as free
+                    self._releases += 1
+                    self._released_at[key] = self._releases
+
+    # -- fetches -----------------------------------------------------------------------------
+    def fetch_mark(self) -> int:
+        """A fetch starts now: keys released from here on stay held back from its rows."""
+        self._open_fetches[self._releases] += 1
+        return self._releases
+
+    def held_since(self, key: str, mark: int) -> bool:
+        """True while ``key`` is held, or when it was released after the fetch that took
+        ``mark`` started: that fetch's snapshot may predate the failure's record."""
+        return key in self._held_keys or self._released_at.get(key, mark) > mark
+
+    def fetch_done(self, mark: int) -> None:
+        """The rows of the fetch that took ``mark`` are filtered (or it failed)."""
+        self._open_fetches[mark] -= 1
+        if self._open_fetches[mark] <= 0:
+            del self._open_fetches[mark]
+        # Releases no open fetch started before are of no use any more.
+        oldest = min(self._open_fetches, default=self._releases)
+        self._released_at = {key: at for key, at in self._released_at.items() if at > oldest}
 
     # -- what the pipeline asks ------------------------------------------------------------
     def empty(self) -> bool:

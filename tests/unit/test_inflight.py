@@ -110,3 +110,49 @@ async def test_seqs_and_held_keys_show_what_is_in_flight_now() -> None:
     assert window.seqs() == frozenset()
     assert seqs == {3, 5}  # a snapshot: a fetch keeps leaving out what was in flight
     assert "a" not in held  # a live view: a submission sees holds as they are
+
+
+# -- keys released while a fetch was open --------------------------------------------------
+async def held_then_released(window: InFlightWindow, key: str) -> None:
+    await window.take_slot()
+    window.admit([row(1, key=key)])
+    window.hold([key])
+    window.release([row(1, key=key)], held_keys=[key])
+
+
+async def test_a_key_released_while_a_fetch_is_open_stays_held_from_its_rows() -> None:
+    window = InFlightWindow(2)
+    mark = window.fetch_mark()
+    await held_then_released(window, "k")
+    assert not window.is_held("k")
+    assert window.held_since("k", mark)
+    assert not window.held_since("other", mark)
+    window.fetch_done(mark)
+    later = window.fetch_mark()  # a fetch after the release: the database holds the key
+    assert not window.held_since("k", later)
+
+
+async def test_a_key_released_before_a_fetch_started_is_free_for_it() -> None:
+    window = InFlightWindow(2)
+    earlier = window.fetch_mark()
+    await held_then_released(window, "k")
+    mark = window.fetch_mark()
+    assert window.held_since("k", earlier)
+    assert not window.held_since("k", mark)
+
+
+async def test_releases_are_forgotten_once_no_fetch_that_needs_them_is_open() -> None:
+    window = InFlightWindow(2)
+    first = window.fetch_mark()
+    await held_then_released(window, "k")
+    second = window.fetch_mark()
+    window.fetch_done(second)
+    assert window.held_since("k", first)  # the first fetch is still open
+    window.fetch_done(first)
+    assert window._released_at == {}
+
+
+async def test_a_release_with_no_fetch_open_is_not_remembered() -> None:
+    window = InFlightWindow(2)
+    await held_then_released(window, "k")
+    assert window._released_at == {}

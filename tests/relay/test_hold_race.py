@@ -1,0 +1,86 @@
+"""A fetch that overlaps the recording of a failure must not send a later row of its key.
+
+The relay holds a failed row's key in memory until the failure is recorded; from then on
+the database holds it back (FETCH_READY leaves out every row behind a waiting one). A
+fetch statement whose snapshot was taken before the failure committed still sees the key
+free, and if it returns after the in-memory hold was released, nothing holds the key back:
+the later row would reach Kafka before the failed one.
+
+The statement's slowness is staged: the real fetch runs, then returns only after the
+failure was recorded and released, as a slow fetch on a loaded database would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import asyncpg
+import pytest
+
+from relay.store import RelayStore
+from tests.relay.harness import fast_config, running_relay, wait_until
+
+KEY = "k-race"
+INSERT_ROW = """
+INSERT INTO outbox (aggregatetype, aggregateid, type, payload, topic)
+VALUES ('order', $1, 'created', $2::jsonb, $3) RETURNING seq
+"""
+
+
+async def test_a_fetch_that_overlaps_a_failure_record_does_not_send_a_later_row_of_its_key(
+    db: asyncpg.Connection,
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The first row of the key is refused before sending (a topic name Kafka cannot have):
+    # a permanent failure, retried only in a minute.
+    failed_seq = await db.fetchval(INSERT_ROW, KEY, json.dumps(1), "not a topic!")
+    config = fast_config(
+        database_url,
+        kafka_bootstrap,
+        topic_namespace,
+        retry_base_ms=60_000,
+        retry_cap_ms=60_000,
+        max_attempts=100,
+        poll_interval_ms=300,
+    )
+    fetch_ready, record_outcome = RelayStore.fetch_ready, RelayStore.record_outcome
+    snapshot_taken = asyncio.Event()
+    fetches_after: list[int] = []
+    window: Any = None
+
+    async def slow_fetch(store: RelayStore, *args: Any) -> list[Any]:
+        records = await fetch_ready(store, *args)
+        if snapshot_taken.is_set():
+            fetches_after.append(len(records))
+        elif any(r["aggregateid"] == KEY and r["seq"] != failed_seq for r in records):
+            snapshot_taken.set()
+            # Returns only once the failure is recorded and its hold released.
+            await wait_until(lambda: not window.is_held(KEY), timeout=30)
+        return records
+
+    async def record_after_the_snapshot(store: RelayStore, *args: Any, **kwargs: Any) -> Any:
+        failed = args[2]
+        if any(row.aggregateid == KEY for row, _ in failed):
+            await snapshot_taken.wait()
+        return await record_outcome(store, *args, **kwargs)
+
+    monkeypatch.setattr(RelayStore, "fetch_ready", slow_fetch)
+    monkeypatch.setattr(RelayStore, "record_outcome", record_after_the_snapshot)
+    async with running_relay(config) as running:
+        window = running.relay._window
+        await wait_until(lambda: window.is_held(KEY), timeout=30)
+        # The key's next row, committed while its failure is not recorded yet.
+        later_seq = await db.fetchval(INSERT_ROW, KEY, json.dumps(2), None)
+        await wait_until(snapshot_taken.is_set, timeout=30)
+        # Two more fetches and nothing in flight: whatever that fetch handed on is recorded.
+        await wait_until(lambda: len(fetches_after) >= 2 and window.empty(), timeout=30)
+    remaining = await db.fetch("SELECT seq, attempts FROM outbox ORDER BY seq")
+    assert [r["seq"] for r in remaining] == [failed_seq, later_seq], (
+        "the later row of a key whose earlier row failed was published first"
+    )
+    assert remaining[0]["attempts"] == 1
