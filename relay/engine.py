@@ -162,6 +162,8 @@ class Relay:
         try:
             if not await self._producer.start(stop):
                 return
+            if config.transaction_pooler:
+                await self._check_role_settings(store)
             async with anyio.create_task_group() as background:
                 self._every(background, "lanes", self._lane_round, config.lease_renew_ms)
                 self._every(background, "observe", housekeeping.observe_round, OBSERVE_EVERY_MS)
@@ -210,6 +212,21 @@ class Relay:
                 self._producer.reset("stopping with records unanswered")
             await self._producer.stop()
             await pool.close()
+
+    async def _check_role_settings(self, store: RelayStore) -> None:
+        """Behind a transaction pooler the planner settings come from the relay's role:
+        say once which are missing (the relay is correct without them, only slower after
+        a burst)."""
+        try:
+            missing = await store.settings_not_in_effect()
+        except DB_ERRORS:
+            return  # the loops report an unreachable database
+        if missing:
+            log.warning(
+                "behind the pooler these session settings are not in effect; "
+                "set them on the relay's role (ALTER ROLE ... SET)",
+                extra={"settings": ", ".join(missing)},
+            )
 
     async def _connect(self, stop: anyio.Event) -> asyncpg.Pool | None:
         """The relay's pool, waiting for the database with capped back-off (an orchestrator

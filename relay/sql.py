@@ -99,6 +99,16 @@ RETURNING o.seq, o.quarantined_at IS NOT NULL
 
 ASYNC_COMMIT = "SET LOCAL synchronous_commit = off"
 
+# Which of the given settings ($1, wanted values $2) the server runs with other values.
+# Behind a transaction pooler the relay's session settings come from its role, not from
+# the start-up packet; this says which ones the operator has not set there.
+SETTINGS_NOT_IN_EFFECT = """
+SELECT w.name
+FROM unnest($1::text[], $2::text[]) AS w(name, wanted)
+WHERE current_setting(w.name) <> w.wanted
+ORDER BY w.name
+"""
+
 HEARTBEAT = """
 INSERT INTO relay_instance (instance_id) VALUES ($1)
 ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = clock_timestamp()

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import asyncpg
 
-from pgconnect import create_pool, pool_options, pooled
+from pgconnect import POOLER_STARTUP_PARAMETERS, create_pool, pool_options, pooled
 from relay import sql
 from relay.outcome import FailedRow, PublishedGroup
 
@@ -205,6 +205,14 @@ class RelayStore:
         async with pooled(self._pool) as conn:
             status = await conn.execute(sql.PRUNE_RECEIPTS, retention_ms, batch_size)
         return _status_count(status)
+
+    async def settings_not_in_effect(self) -> list[str]:
+        """The names of :data:`RELAY_SESSION_SETTINGS` the server runs with other values."""
+        names = sorted(RELAY_SESSION_SETTINGS.keys() - POOLER_STARTUP_PARAMETERS)
+        wanted = [RELAY_SESSION_SETTINGS[name] for name in names]
+        async with pooled(self._pool) as conn:
+            rows = await conn.fetch(sql.SETTINGS_NOT_IN_EFFECT, names, wanted)
+        return [row[0] for row in rows]
 
     async def backlog(self) -> tuple[PendingSummary, OpenWriter | None]:
         """The pending summary and the oldest open outbox writer, read on one connection."""
