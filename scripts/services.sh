@@ -879,17 +879,18 @@ env_lines() {
     esac
 }
 
-# write_env SVC...: the lines of the services brought up now; lines of other services that an
-# earlier `up` wrote are kept.
+# write_env SVC...: the lines of the services brought up now. After `up SVC...` the lines of
+# the other services that an earlier `up` wrote are kept; a full `up` writes them all anew.
 write_env() {
-    local tmp="$STATE/env.tmp" fresh svc
+    local tmp="$STATE/env.tmp" fresh owned svc
     fresh="$(for svc in "$@"; do env_lines "$svc"; done)"
+    # Every variable these services may write (Kafka's listener lines only when it is ours).
+    owned="$(for svc in "$@"; do KAFKA_OURS=1 env_lines "$svc"; done)"
     {
         echo "# written by scripts/services.sh up; source it (bash/zsh): . .services/env"
-        if [[ -f "$STATE/env" ]]; then
-            # Keep every other line whose variable this run did not decide.
+        if [[ $# -lt ${#ALL_SERVICES[@]} && -f "$STATE/env" ]]; then
             grep '^export ' "$STATE/env" | while IFS= read -r line; do
-                grep -qF -- "${line%%=*}=" <<<"$fresh" || printf '%s\n' "$line"
+                grep -qF -- "${line%%=*}=" <<<"$owned" || printf '%s\n' "$line"
             done
         fi
         printf '%s\n' "$fresh"
