@@ -625,6 +625,11 @@ def _service(args: argparse.Namespace, environ: Environ) -> ServiceSettings:
     sidecar_alone = args.verb == RUN and NO_RELAY.value(args, environ)
     demo = None
     if args.verb == DEMO:
+        if _transaction_pooler(args, environ):
+            # It migrates and runs its workload on plain connections: a local tool.
+            raise ConfigError(
+                "demo connects to PostgreSQL directly: run it without --database-pooler"
+            )
         demo = DemoOptions(
             jobs=DEMO_JOBS.value(args, environ),
             workers=DEMO_WORKERS.value(args, environ),

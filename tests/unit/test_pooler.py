@@ -137,3 +137,11 @@ def test_a_malformed_listen_url_is_named_as_such() -> None:
     args = parse("run", "--policy", POLICY, "--kafka-bootstrap", "k:9092")
     with pytest.raises(ConfigError, match="--listen-database-url"):
         resolve(args, {"OUTBOX_RELAY_LISTEN_DATABASE_URL": "mysql://x"})
+
+
+def test_the_demo_refuses_a_pooler() -> None:
+    with pytest.raises(ConfigError, match="demo connects to PostgreSQL directly"):
+        resolve(
+            parse("demo", "--policy", POLICY, "--kafka-bootstrap", "k:9092"),
+            {"OUTBOX_RELAY_DATABASE_POOLER": "transaction"},
+        )
