@@ -26,6 +26,7 @@ from contracts.policy import Family, Policy
 from health.errors import HealthSettingError
 from health.evaluate import evaluate_pool, reissue, unknown_report
 from health.families.completion_tracker import RECHECK_PERIOD_MS, CompletionTracker
+from health.families.relay import while_starting
 from health.http import HTTPServer, Request, Response, problem
 from health.metrics import HealthCollector, HealthCounters
 from health.probing import NOT_MIGRATED
@@ -51,7 +52,10 @@ class RelayProbe(Protocol):
         ...
 
     def ready(self) -> bool:
-        """The relay can do its job now (database and broker reachable, lanes acquired)."""
+        """The relay can do its job now (database and broker reachable, lanes acquired).
+
+        True implies its lane round has run at least once: that ends ``starting``.
+        """
         ...
 
 
@@ -102,6 +106,11 @@ class HealthSidecar:
         self._retry_delay = 0.0
         self._retry_at: float | None = None
         self._last_tick: float | None = None
+        # Until the in-process relay has had one chance to claim its lanes (it was ready
+        # once, or the relay family's heartbeat bound has passed since start), a stalled
+        # relay family is served as unknown/starting.
+        self._relay_starting = relay is not None and policy.relay is not None
+        self._started_at: float | None = None
         self._evaluated = asyncio.Condition()
 
     @property
@@ -191,6 +200,8 @@ class HealthSidecar:
                 )
         except TimeoutError:
             report = unknown_report(self._policy, "evaluation timed out")
+        if self._still_starting():
+            report = while_starting(report)
         if any(result.evidence is None for result in report.families):
             # Any probe error: the incremental state may have missed something; start over.
             self._completion.reset()
@@ -200,6 +211,19 @@ class HealthSidecar:
         async with self._evaluated:
             self._evaluated.notify_all()
         return report
+
+    def _still_starting(self) -> bool:
+        """Whether the in-process relay has yet to have its first chance to claim lanes."""
+        if not self._relay_starting:
+            return False
+        assert self._relay is not None and self._policy.relay is not None  # see __init__
+        now = asyncio.get_running_loop().time()
+        if self._started_at is None:
+            self._started_at = now
+        grace = self._policy.relay.max_heartbeat_age_ms / 1000
+        if self._relay.ready() or now - self._started_at > grace:
+            self._relay_starting = False
+        return self._relay_starting
 
     def _database_state(self, problem: str | None) -> None:
         """Log a change of the database's state once, and schedule the next attempt."""
