@@ -27,6 +27,7 @@ from health.errors import HealthSettingError
 from health.evaluate import evaluate_pool, reissue, unknown_report
 from health.families.completion_tracker import RECHECK_PERIOD_MS, CompletionTracker
 from health.families.relay import while_starting
+from health.history import History
 from health.http import HTTPServer, Request, Response, problem
 from health.metrics import HealthCollector, HealthCounters
 from health.probing import NOT_MIGRATED
@@ -75,6 +76,7 @@ class HealthSidecar:
         http_max_connections: int = 256,
         completion_recheck_period_ms: int = RECHECK_PERIOD_MS,
         database_retry_max_ms: int = DATABASE_RETRY_MAX_MS,
+        runbook_url: str = "",
     ) -> None:
         if database_retry_max_ms < 0:
             raise HealthSettingError("the database retry back-off cap must not be negative")
@@ -98,6 +100,9 @@ class HealthSidecar:
         # Incremental completion_outbox state: in memory only, never logged or served.
         self._completion = CompletionTracker(recheck_period_ms=completion_recheck_period_ms)
         self._last: tuple[HealthReport, float] | None = None
+        # The status page's chart: aggregates of the last minutes, in memory only.
+        self._history = History(interval_ms=settings.interval_ms)
+        self._runbook_url = runbook_url
         # Each family's classification as last logged (outages are logged as one line).
         self._logged: dict[Family, Classification] = {}
         # Why the database cannot be evaluated now (None: it can), and the back-off.
@@ -251,6 +256,7 @@ class HealthSidecar:
 
     def _record(self, report: HealthReport) -> None:
         self._last = (report, asyncio.get_running_loop().time())
+        self._history.record(report)
         self._counters.evaluations += 1
         for result in report.families:
             if result.evidence is None:
@@ -313,13 +319,20 @@ class HealthSidecar:
             return self._readyz()
         if request.path == "/health":
             report = self.report()
-            document = health_document(report, release=__version__)
+            document = health_document(report, release=__version__, policy=self._policy)
             status = 503 if report_status(report) == "fail" else 200
             return Response(status, HEALTH_JSON, encode_json(document))
         if request.path == "/metrics":
             return Response(200, CONTENT_TYPE_LATEST, generate_latest(self._registry))
         if request.path == "/":
-            page = status_page(self.report(), live=self.live(), ready=self.ready())
+            page = status_page(
+                self.report(),
+                live=self.live(),
+                ready=self.ready(),
+                policy=self._policy,
+                history=self._history,
+                runbook_url=self._runbook_url,
+            )
             return Response(200, _HTML, page.encode("utf-8"))
         return problem(404, "unknown path; see /, /livez, /readyz, /health, /metrics")
 

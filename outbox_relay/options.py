@@ -360,6 +360,13 @@ LISTEN = Text(
     verbs=RELAY_VERBS,
     help="HOST:PORT of the health sidecar",
 )
+RUNBOOK_URL = Text(
+    flag="--runbook-url",
+    env="OUTBOX_RELAY_RUNBOOK_URL",
+    default="docs/operations.md",
+    verbs=RELAY_VERBS,
+    help="where the status page links for each family (#family-<name> is appended)",
+)
 NO_RELAY = Switch(flag="--no-relay", verbs=frozenset({RUN}), help="run the health sidecar alone")
 EVENT_ID = Repeated(flag="--id", verbs=frozenset({REDRIVE}), help="event id (repeatable)")
 AGGREGATETYPE = Text(
@@ -419,6 +426,7 @@ OPTIONS: tuple[Option, ...] = (
     POLICY,
     RECEIPT_RETENTION,
     LISTEN,
+    RUNBOOK_URL,
     NO_RELAY,
     EVENT_ID,
     AGGREGATETYPE,
@@ -553,6 +561,7 @@ def _service(args: argparse.Namespace, environ: Environ) -> ServiceSettings:
         if sidecar_alone
         else relay_config(args, environ, database_url=database_url, receipt_retention_ms=retention),
         demo=demo,
+        runbook_url=RUNBOOK_URL.required(args, environ),
     )
 
 

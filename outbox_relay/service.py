@@ -35,6 +35,7 @@ async def run_service(settings: ServiceSettings) -> int:
         registry=registry,
         relay=relay,
         receipt_retention_ms=settings.receipt_retention_ms,
+        runbook_url=settings.runbook_url,
     )
     async with sidecar, anyio.create_task_group() as tasks:
         tasks.start_soon(_watch_signals, stop, tasks.cancel_scope, relay is not None)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from contracts.errors import ConfigError
 from contracts.policy import Policy
@@ -86,9 +87,14 @@ class ServiceSettings:
     policy: Policy
     receipt_retention_ms: int
     relay: RelayConfig | None
+    runbook_url: str
+    """Where the status page links each family's runbook section."""
     demo: DemoOptions | None = None
 
     def __post_init__(self) -> None:
+        # The page links here: an http(s) address or a path, never a script or data URL.
+        if urlsplit(self.runbook_url).scheme not in ("", "http", "https"):
+            raise ConfigError("--runbook-url must be an http(s) address or a path")
         relay = self.relay
         if relay is not None and (
             relay.database_url != self.database_url

@@ -168,9 +168,7 @@ def while_starting(report: HealthReport) -> HealthReport:
     other instances hold the lanes) stand as they are.
     """
     results = [
-        msgspec.structs.replace(
-            result, classification=Classification.UNKNOWN, reasons=(STARTING,)
-        )
+        msgspec.structs.replace(result, classification=Classification.UNKNOWN, reasons=(STARTING,))
         if result.family is Family.RELAY and result.classification is Classification.STALLED
         else result
         for result in report.families
@@ -184,9 +182,19 @@ def relay_measurements(evidence: RelayEvidence) -> list[Measurement]:
     return [
         Measurement("live_instance_count", evidence.live_instance_count, "instances"),
         Measurement("instance_count", evidence.instance_count, "instances"),
-        Measurement("heartbeat_age", age(now, evidence.newest_heartbeat_at_unix_ms), "ms"),
+        Measurement(
+            "heartbeat_age",
+            age(now, evidence.newest_heartbeat_at_unix_ms),
+            "ms",
+            bound="max_heartbeat_age_ms",
+        ),
         Measurement("last_publish_age", age(now, evidence.newest_publish_at_unix_ms), "ms"),
-        Measurement("unowned_lane_count", evidence.unowned_lane_count, "lanes"),
+        Measurement(
+            "unowned_lane_count",
+            evidence.unowned_lane_count,
+            "lanes",
+            bound="max_unowned_lane_count",
+        ),
         Measurement("lane_count", evidence.lane_count, "lanes"),
         Measurement("oldest_ready_age", age(now, evidence.oldest_ready_created_at_unix_ms), "ms"),
         Measurement(
@@ -196,6 +204,7 @@ def relay_measurements(evidence: RelayEvidence) -> list[Measurement]:
             "oldest_blocking_transaction_age",
             age(now, evidence.oldest_blocking_transaction_started_at_unix_ms),
             "ms",
+            bound="max_blocking_transaction_age_ms",
         ),
     ]
 
