@@ -257,18 +257,20 @@ def status_page(
 
 
 _STYLE = """
-body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; max-width: 60em; }
+body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; max-width: 64em; }
 h1 { font-size: 1.4em; } h2 { font-size: 1.1em; margin: 0 0 .3em; }
-section.family { border: 1px solid #ccc; border-left-width: .5em; padding: .6em 1em; margin: 1em 0; }
+section.family { border: 1px solid #ccc; border-left-width: .5em; padding: .5em 1em; margin: .8em 0; }
 section.within_bounds { border-left-color: #3a3; } section.stalled { border-left-color: #c33; }
 section.unknown { border-left-color: #d9a400; }
 .classification { font-weight: normal; padding: 0 .4em; border-radius: .2em; }
 .within_bounds .classification, strong.within_bounds { background: #d8f5d8; }
 .stalled .classification, strong.stalled { background: #f8d0d0; }
 .unknown .classification, strong.unknown { background: #f5ecc8; }
-ul { margin: .3em 0; padding-left: 1.2em; } .meta, .legend { color: #555; font-size: .9em; }
+ul { margin: .3em 0; padding-left: 1.2em; } .meta, .legend { color: #555; font-size: .85em; }
+.meta, .legend { margin: .2em 0; } .reasons { color: #900; }
 .observation.over { color: #b00; }
-svg { display: block; margin-top: .4em; } .legend .backlog { color: #1f5fbf; }
+.body { display: flex; flex-wrap: wrap; gap: .5em 2em; align-items: flex-start; }
+.observations { flex: 1 1 20em; } svg { display: block; } .legend .backlog { color: #1f5fbf; }
 .legend .oldest { color: #c06000; }
 """
 
@@ -294,8 +296,8 @@ def _family_section(
 <p class="meta">gates readiness: {"yes" if result.gates_readiness else "no"} &middot;
 <a class="runbook" href="{runbook}">runbook: {family}</a></p>
 {f'<ul class="reasons">{reasons}</ul>' if reasons else ""}
-<ul class="observations">{observations}</ul>
-{_chart(points, now_unix_ms)}
+<div class="body"><ul class="observations">{observations}</ul>
+<div class="history">{_chart(points, now_unix_ms)}</div></div>
 </section>
 """
 
@@ -313,7 +315,7 @@ def _observation(result: FamilyResult, policy: Policy | None, m: Measurement) ->
     return f'<li class="observation{" over" if over else ""}" {attributes}>{text}</li>'
 
 
-_WIDTH, _PLOT, _BAND = 480, 60, 10
+_WIDTH, _PLOT, _BAND = 420, 56, 12
 _BAND_COLOURS = {
     Classification.WITHIN_BOUNDS: "#5b5",
     Classification.STALLED: "#d33",
@@ -360,7 +362,7 @@ def _chart(points: Sequence[Point], now_unix_ms: int) -> str:
         f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" '
         f'height="{height}" viewBox="0 0 {_WIDTH} {height}" role="img" '
         f'aria-label="last 15 minutes">'
-        f'<rect x="0" y="0" width="{_WIDTH}" height="{_PLOT + 2}" fill="#f7f7f7"/>'
+        f'<rect x="0" y="0" width="{_WIDTH}" height="{height}" fill="#f7f7f7"/>'
         f"{''.join(band)}{lines}</svg>"
         f'<p class="legend">{" &middot; ".join(legend)}</p>'
     )

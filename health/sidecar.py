@@ -40,6 +40,10 @@ HEALTH_JSON = "application/health+json"
 _TEXT = "text/plain; charset=utf-8"
 _HTML = "text/html; charset=utf-8"
 _POOL_SIZE = 2
+_PAGE_POLICY = (
+    "Content-Security-Policy",
+    "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'",
+)
 DATABASE_RETRY_MAX_MS = 30_000
 """The longest wait between attempts while the database is unreachable or not migrated."""
 _NOT_MIGRATED_STATE = "database is not migrated: run `outbox-relay migrate`"
@@ -333,7 +337,9 @@ class HealthSidecar:
                 history=self._history,
                 runbook_url=self._runbook_url,
             )
-            return Response(200, _HTML, page.encode("utf-8"))
+            # The page needs nothing but itself: say so, so a browser refuses any script
+            # or fetch even if something slipped past the escaping.
+            return Response(200, _HTML, page.encode("utf-8"), headers=(_PAGE_POLICY,))
         return problem(404, "unknown path; see /, /livez, /readyz, /health, /metrics")
 
     def _readyz(self) -> Response:
