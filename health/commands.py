@@ -51,14 +51,19 @@ async def check(
 ) -> tuple[str, int]:
     """The health report as ``application/health+json`` text and the exit code (0/2/3)."""
     report = await evaluate_once(database_url, policy, receipt_retention_ms=receipt_retention_ms)
-    document = health_document(report, release=__version__)
+    document = health_document(report, release=__version__, policy=policy)
     return encode_json(document).decode("utf-8"), EXIT_CODES[report.classification]
 
 
 async def status(
-    database_url: str | None, policy: Policy, *, receipt_retention_ms: int | None
+    database_url: str | None,
+    policy: Policy,
+    *,
+    receipt_retention_ms: int | None,
+    colour: bool = False,
 ) -> tuple[str, int]:
     """A human-readable table of the same evaluation and the same exit code."""
     report = await evaluate_once(database_url, policy, receipt_retention_ms=receipt_retention_ms)
     # No trailing newline: the CLI prints it.
-    return status_table(report).rstrip("\n"), EXIT_CODES[report.classification]
+    table = status_table(report, policy, colour=colour)
+    return table.rstrip("\n"), EXIT_CODES[report.classification]

@@ -377,6 +377,20 @@ ERROR_CLASS = Text(
     flag="--error-class", verbs=frozenset({REDRIVE}), help="events quarantined with this class"
 )
 EVERYTHING = Switch(flag="--all", verbs=frozenset({REDRIVE}), help="every quarantined event")
+DRY_RUN = Switch(
+    flag="--dry-run",
+    verbs=frozenset({REDRIVE}),
+    help="only show what would be returned, per cause; change nothing",
+)
+WATCH = Switch(
+    flag="--watch", verbs=frozenset({STATUS}), help="evaluate again and again until Ctrl-C"
+)
+WATCH_INTERVAL = Integer(
+    flag="--interval-ms",
+    default=2000,
+    verbs=frozenset({STATUS}),
+    help="time between evaluations with --watch",
+)
 GRANT_TO = Text(
     flag="--to",
     verbs=frozenset({GRANT}),
@@ -433,6 +447,9 @@ OPTIONS: tuple[Option, ...] = (
     EVENT_TYPE,
     ERROR_CLASS,
     EVERYTHING,
+    DRY_RUN,
+    WATCH,
+    WATCH_INTERVAL,
     GRANT_TO,
     GRANT_AS,
     PRINT_ONLY,
@@ -515,7 +532,11 @@ def _redrive(args: argparse.Namespace, environ: Environ) -> RedriveSettings:
         error_class=ERROR_CLASS.value(args, environ),
         everything=EVERYTHING.value(args, environ),
     )
-    return RedriveSettings(database_url=_database_url(args, environ), selection=selection)
+    return RedriveSettings(
+        database_url=_database_url(args, environ),
+        selection=selection,
+        dry_run=DRY_RUN.value(args, environ),
+    )
 
 
 def _grant(args: argparse.Namespace, environ: Environ) -> GrantSettings:
@@ -536,6 +557,9 @@ def _health_report(args: argparse.Namespace, environ: Environ) -> HealthReportSe
         database_url=_database_url(args, environ),
         receipt_retention_ms=RECEIPT_RETENTION.value(args, environ),
         table=args.verb == STATUS,
+        watch_interval_ms=WATCH_INTERVAL.value(args, environ)
+        if args.verb == STATUS and WATCH.value(args, environ)
+        else None,
     )
 
 

@@ -36,6 +36,7 @@ class RedriveSettings:
 
     database_url: str | None = field(repr=False)
     selection: RedriveFilter
+    dry_run: bool
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,12 @@ class HealthReportSettings:
     policy: Policy
     receipt_retention_ms: int
     table: bool
+    watch_interval_ms: int | None
+    """``status --watch``: evaluate again after this long, until interrupted; None: once."""
+
+    def __post_init__(self) -> None:
+        if self.watch_interval_ms is not None and self.watch_interval_ms <= 0:
+            raise ConfigError("--interval-ms must be a positive integer")
 
 
 @dataclass(frozen=True)
