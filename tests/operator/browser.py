@@ -13,9 +13,11 @@ asked for nothing but itself.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -92,7 +94,10 @@ def render(url: str, *, width: int = 1000, timeout: float = 120.0) -> Rendered:
         raise RuntimeError("chromium is not installed (scripts/tools.sh ensure chromium)")
     to_browser_r, to_browser_w = os.pipe()
     from_browser_r, from_browser_w = os.pipe()
-    with tempfile.TemporaryDirectory(prefix="status-page-chromium-") as profile:
+    # Chromium's helper processes may still be writing the profile as it goes away.
+    with tempfile.TemporaryDirectory(
+        prefix="status-page-chromium-", ignore_cleanup_errors=True
+    ) as profile:
         # Chromium reads commands on fd 3 and answers on fd 4: the shell puts the pipes there.
         redirect = f'exec "$0" "$@" 3<&{to_browser_r} 4>&{from_browser_w}'
         process = subprocess.Popen(
@@ -119,16 +124,29 @@ def render(url: str, *, width: int = 1000, timeout: float = 120.0) -> Rendered:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             pass_fds=(to_browser_r, from_browser_w),
+            start_new_session=True,  # its own process group: its helpers end with it
         )
         os.close(to_browser_r)
         os.close(from_browser_w)
+        pipe = _Pipe(process, to_browser_w, from_browser_r)
         try:
-            return _drive(_Pipe(process, to_browser_w, from_browser_r), url, width, timeout)
+            return _drive(pipe, url, width, timeout)
         finally:
+            _close(process, pipe)
             os.close(to_browser_w)
             os.close(from_browser_r)
-            process.kill()
-            process.wait(timeout=30)
+
+
+def _close(process: subprocess.Popen[bytes], pipe: _Pipe) -> None:
+    """Ask the browser to close, then end its process group if it has not."""
+    try:
+        pipe.call("Browser.close")
+        process.wait(timeout=30)
+    except (RuntimeError, OSError, subprocess.TimeoutExpired):
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
 
 
 def _drive(pipe: _Pipe, url: str, width: int, timeout: float) -> Rendered:
