@@ -249,13 +249,14 @@ def status_page(
 <p class="summary">overall: <strong class="{html.escape(overall)}">{html.escape(overall)}</strong>
 &middot; live: {"yes" if live else "no"} &middot; ready: {"yes" if ready else "no"}
 &middot; evaluated: {evaluated}</p>
-{"".join(sections) or "<p>no evaluation has completed yet</p>"}
+{"".join(sections) or f"<p>{_EMPTY[report is None]}</p>"}
 <p class="links"><a href="/health">/health</a> &middot; <a href="/metrics">/metrics</a> &middot;
 <a href="/readyz">/readyz</a> &middot; <a href="/livez">/livez</a></p>
 </body></html>
 """
 
 
+_EMPTY = {True: "no evaluation has completed yet", False: "every family is disabled in the policy"}
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; max-width: 64em; }
 h1 { font-size: 1.4em; } h2 { font-size: 1.1em; margin: 0 0 .3em; }
@@ -270,7 +271,7 @@ ul { margin: .3em 0; padding-left: 1.2em; } .meta, .legend { color: #555; font-s
 .meta, .legend { margin: .2em 0; } .reasons { color: #900; }
 .observation.over { color: #b00; }
 .body { display: flex; flex-wrap: wrap; gap: .5em 2em; align-items: flex-start; }
-.observations { flex: 1 1 20em; } svg { display: block; } .legend .backlog { color: #1f5fbf; }
+.observations { flex: 1 1 20em; } .history { margin-left: auto; } svg { display: block; } .legend .backlog { color: #1f5fbf; }
 .legend .oldest { color: #c06000; }
 """
 
@@ -297,7 +298,7 @@ def _family_section(
 <a class="runbook" href="{runbook}">runbook: {family}</a></p>
 {f'<ul class="reasons">{reasons}</ul>' if reasons else ""}
 <div class="body"><ul class="observations">{observations}</ul>
-<div class="history">{_chart(points, now_unix_ms)}</div></div>
+<div class="history" style="width: {_WIDTH}px">{_chart(points, now_unix_ms)}</div></div>
 </section>
 """
 

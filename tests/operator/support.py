@@ -108,6 +108,13 @@ def fetch(port: int, path: str) -> tuple[int, bytes] | None:
         return None
 
 
+def header(port: int, path: str, name: str) -> str | None:
+    """One response header of a GET."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+        value: str | None = reply.headers[name]
+        return value
+
+
 def health(port: int) -> dict[str, Any] | None:
     """The /health document once an evaluation has finished, else None."""
     answer = fetch(port, "/health")

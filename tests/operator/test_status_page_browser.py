@@ -19,7 +19,7 @@ import pytest
 
 from tests.health.conftest import insert_job
 from tests.operator.browser import chromium, render
-from tests.operator.support import PORT_BASE, health, running, wait_for, write_policy
+from tests.operator.support import PORT_BASE, header, health, running, wait_for, write_policy
 
 SCREENSHOT_ENV = "OUTBOX_RELAY_STATUS_SCREENSHOT"
 """When set, the screenshot is also written there (how docs/status.png is made), and each
@@ -106,12 +106,17 @@ async def test_the_status_page_in_chromium_shows_families_bounds_and_a_staged_st
         )
         await asyncio.sleep(PHASE_S)
         document = health(port)
+        page_policy = await asyncio.to_thread(header, port, "/", "Content-Security-Policy")
         rendered = await asyncio.to_thread(render, f"http://127.0.0.1:{port}/")
         assert process.poll() is None
 
     # Nothing but the page itself was asked for (the browser may try its favicon there too).
     assert rendered.requested[0] == f"http://127.0.0.1:{port}/"
     assert all(url.startswith(f"http://127.0.0.1:{port}/") for url in rendered.requested)
+    # The server also tells any browser that the page needs nothing but itself.
+    assert page_policy is not None
+    assert page_policy.startswith("default-src 'none';")
+    assert "script-src" not in page_policy
     assert rendered.png.startswith(b"\x89PNG\r\n\x1a\n")
     if os.environ.get(SCREENSHOT_ENV):
         await asyncio.to_thread(Path(os.environ[SCREENSHOT_ENV]).write_bytes, rendered.png)

@@ -134,3 +134,9 @@ def test_the_history_keeps_only_the_window_and_a_bounded_ring() -> None:
     for _ in range(100):
         history.record(_report(NOW, expired=0))
     assert len(history.points(Family.SCORING_JOBS)) == WINDOW_MS // 60_000 + 1
+
+
+def test_a_page_without_families_says_why() -> None:
+    assert "no evaluation has completed yet" in status_page(None, live=True, ready=False)
+    empty = status_page(build_report([], NOW), live=True, ready=True)
+    assert "every family is disabled in the policy" in empty
