@@ -11,6 +11,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,29 +60,37 @@ def instance_id(port: int) -> str:
     return f"operator-{port}"
 
 
+@dataclass(frozen=True)
+class Stack:
+    """What ``outbox-relay run`` needs here: a scratch database, the broker, a topic
+    namespace of its own and the policy file (its log is written beside it)."""
+
+    database_url: str
+    bootstrap: str
+    namespace: str
+    policy: Path
+
+    def log(self, port: int) -> str:
+        """The log of the process that listened on ``port``."""
+        return self.policy.with_name(f"run-{port}.log").read_text()
+
+
 @contextmanager
-def running(
-    database_url: str,
-    bootstrap: str,
-    namespace: str,
-    policy: Path,
-    port: int,
-    *extra: str,
-) -> Iterator[subprocess.Popen[bytes]]:
-    """``outbox-relay run`` on ``127.0.0.1:port``, killed on exit; its log beside the policy."""
+def running(stack: Stack, port: int, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``outbox-relay run`` on ``127.0.0.1:port``, killed on exit."""
     env = {
         **os.environ,
-        "DATABASE_URL": database_url,
-        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
-        "OUTBOX_RELAY_POLICY": str(policy),
-        "OUTBOX_RELAY_TOPIC_TEMPLATE": f"{namespace}.{{aggregatetype}}",
+        "DATABASE_URL": stack.database_url,
+        "KAFKA_BOOTSTRAP_SERVERS": stack.bootstrap,
+        "OUTBOX_RELAY_POLICY": str(stack.policy),
+        "OUTBOX_RELAY_TOPIC_TEMPLATE": f"{stack.namespace}.{{aggregatetype}}",
         "OUTBOX_RELAY_INSTANCE_ID": instance_id(port),
         "OUTBOX_RELAY_LEASE_TTL_MS": "3000",
         "OUTBOX_RELAY_LEASE_RENEW_MS": "500",
         "OUTBOX_RELAY_SEND_TIMEOUT_MS": "1500",
         "HEALTH_LISTEN_ADDR": f"127.0.0.1:{port}",
     }
-    log = policy.with_name(f"run-{port}.log")
+    log = stack.policy.with_name(f"run-{port}.log")
     with log.open("wb") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "outbox_relay", "run", *extra],

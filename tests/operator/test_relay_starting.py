@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -13,7 +12,7 @@ from contracts.health import Classification, FamilyResult
 from contracts.policy import Family
 from health.families.relay import while_starting
 from health.rules import build_report
-from tests.operator.support import PORT_BASE, health, instance_id, running, wait_for, write_policy
+from tests.operator.support import PORT_BASE, Stack, health, instance_id, running, wait_for
 
 
 def _relay(document: dict[str, Any]) -> tuple[str, list[str]]:
@@ -22,14 +21,9 @@ def _relay(document: dict[str, Any]) -> tuple[str, list[str]]:
 
 
 async def test_relay_family_is_starting_until_the_relay_had_its_chance_to_claim_lanes(
-    database_url: str,
-    db: asyncpg.Connection,
-    kafka_bootstrap: str,
-    topic_namespace: str,
-    tmp_path: Path,
+    stack: Stack, db: asyncpg.Connection
 ) -> None:
     port = PORT_BASE + 1
-    policy = write_policy(tmp_path)
     seen: list[tuple[str, list[str]]] = []
 
     def report(until: str | None) -> bool:
@@ -46,13 +40,13 @@ async def test_relay_family_is_starting_until_the_relay_had_its_chance_to_claim_
     locked = True
     try:
         await db.execute("INSERT INTO relay_instance (instance_id) VALUES ($1)", instance_id(port))
-        with running(database_url, kafka_bootstrap, topic_namespace, policy, port) as process:
+        with running(stack, port) as process:
             await asyncio.to_thread(wait_for, lambda: report(None))
             first = seen[0]
             await lanes.rollback()
             locked = False
             await asyncio.to_thread(wait_for, lambda: report("within_bounds"))
-            assert process.poll() is None
+            assert process.poll() is None, stack.log(port)
     finally:
         if locked:
             await lanes.rollback()

@@ -19,7 +19,7 @@ import pytest
 
 from tests.health.conftest import insert_job
 from tests.operator.browser import chromium, render
-from tests.operator.support import PORT_BASE, header, health, running, wait_for, write_policy
+from tests.operator.support import PORT_BASE, Stack, header, health, running, wait_for
 
 SCREENSHOT_ENV = "OUTBOX_RELAY_STATUS_SCREENSHOT"
 """When set, the screenshot is also written there (how docs/status.png is made), and each
@@ -73,24 +73,11 @@ def _classification(port: int, family: str) -> str | None:
 
 
 async def test_the_status_page_in_chromium_shows_families_bounds_and_a_staged_stall(
-    browser: None,
-    database_url: str,
-    db: asyncpg.Connection,
-    kafka_bootstrap: str,
-    topic_namespace: str,
-    tmp_path: Path,
+    browser: None, stack: Stack, db: asyncpg.Connection
 ) -> None:
     port = PORT_BASE + 2
-    policy = write_policy(tmp_path)
-    with running(
-        database_url,
-        kafka_bootstrap,
-        topic_namespace,
-        policy,
-        port,
-        "--runbook-url",
-        "https://runbook.example/operations.html",
-    ) as process:
+    runbook = "https://runbook.example/operations.html"
+    with running(stack, port, "--runbook-url", runbook) as process:
         await asyncio.to_thread(wait_for, lambda: (health(port) or {}).get("status") == "pass")
         await asyncio.sleep(PHASE_S)
         # Stage: a worker died holding its lease (expired a minute ago by the database clock).
@@ -108,7 +95,7 @@ async def test_the_status_page_in_chromium_shows_families_bounds_and_a_staged_st
         document = health(port)
         page_policy = await asyncio.to_thread(header, port, "/", "Content-Security-Policy")
         rendered = await asyncio.to_thread(render, f"http://127.0.0.1:{port}/")
-        assert process.poll() is None
+        assert process.poll() is None, stack.log(port)
 
     # Nothing but the page itself was asked for (the browser may try its favicon there too).
     assert rendered.requested[0] == f"http://127.0.0.1:{port}/"
@@ -137,7 +124,7 @@ async def test_the_status_page_in_chromium_shows_families_bounds_and_a_staged_st
         }
     )
     for family, shown in page.families.items():
-        assert shown["runbook"] == f"https://runbook.example/operations.html#family-{family}"
+        assert shown["runbook"] == f"{runbook}#family-{family}"
         # Every bound /health reports is on the page with the same value, and no other.
         reported = {
             key.split(":")[1]: check[0]
