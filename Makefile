@@ -59,7 +59,7 @@ test: venv lint
 	started="$$(cat .services/started-by-last-up 2>/dev/null || true)"; \
 	set -a; . ./$(ENV_FILE); set +a; \
 	export OUTBOX_RELAY_REQUIRE_SERVICES=1; \
-	rc=0; $(VPY) -m pytest --durations=25 $(PYTEST_ARGS) || rc=$$?; \
+	bash scripts/tools.sh ensure chromium || echo "chromium is missing: the status page test will fail" >&2; rc=0; $(VPY) -m pytest --durations=25 $(PYTEST_ARGS) || rc=$$?; \
 	if [ "$$rc" -eq 5 ]; then echo "pytest collected no tests (exit 5): treated as failure" >&2; fi; \
 	exit "$$rc"
 

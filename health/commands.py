@@ -62,7 +62,7 @@ async def check(
         receipt_retention_ms=receipt_retention_ms,
         transaction_pooler=transaction_pooler,
     )
-    document = health_document(report, release=__version__)
+    document = health_document(report, release=__version__, policy=policy)
     return encode_json(document).decode("utf-8"), EXIT_CODES[report.classification]
 
 
@@ -72,6 +72,7 @@ async def status(
     *,
     receipt_retention_ms: int | None,
     transaction_pooler: bool = False,
+    colour: bool = False,
 ) -> tuple[str, int]:
     """A human-readable table of the same evaluation and the same exit code."""
     report = await evaluate_once(
@@ -81,4 +82,5 @@ async def status(
         transaction_pooler=transaction_pooler,
     )
     # No trailing newline: the CLI prints it.
-    return status_table(report).rstrip("\n"), EXIT_CODES[report.classification]
+    table = status_table(report, policy, colour=colour)
+    return table.rstrip("\n"), EXIT_CODES[report.classification]

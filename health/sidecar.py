@@ -26,6 +26,8 @@ from contracts.policy import Family, Policy
 from health.errors import HealthSettingError
 from health.evaluate import evaluate_pool, reissue, unknown_report
 from health.families.completion_tracker import RECHECK_PERIOD_MS, CompletionTracker
+from health.families.relay import while_starting
+from health.history import History
 from health.http import HTTPServer, Request, Response, problem
 from health.metrics import HealthCollector, HealthCounters
 from health.probing import NOT_MIGRATED
@@ -41,6 +43,10 @@ _HTML = "text/html; charset=utf-8"
 _POOL_SIZE = 2
 HTTP_MAX_CONNECTIONS = 256
 """Open HTTP connections kept by default; beyond it the idle ones are closed first."""
+_PAGE_POLICY = (
+    "Content-Security-Policy",
+    "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'",
+)
 DATABASE_RETRY_MAX_MS = 30_000
 """The longest wait between attempts while the database is unreachable or not migrated."""
 # Behind a transaction pooler only application_name reaches the server; the sidecar's
@@ -60,7 +66,10 @@ class RelayProbe(Protocol):
         ...
 
     def ready(self) -> bool:
-        """The relay can do its job now (database and broker reachable, lanes acquired)."""
+        """The relay can do its job now (database and broker reachable, lanes acquired).
+
+        True implies its lane round has run at least once: that ends ``starting``.
+        """
         ...
 
 
@@ -81,6 +90,7 @@ class HealthSidecar:
         completion_recheck_period_ms: int = RECHECK_PERIOD_MS,
         database_retry_max_ms: int = DATABASE_RETRY_MAX_MS,
         transaction_pooler: bool = False,
+        runbook_url: str = "",
     ) -> None:
         if database_retry_max_ms < 0:
             raise HealthSettingError("the database retry back-off cap must not be negative")
@@ -105,6 +115,9 @@ class HealthSidecar:
         # Incremental completion_outbox state: in memory only, never logged or served.
         self._completion = CompletionTracker(recheck_period_ms=completion_recheck_period_ms)
         self._last: tuple[HealthReport, float] | None = None
+        # The status page's chart: aggregates of the last minutes, in memory only.
+        self._history = History(interval_ms=settings.interval_ms)
+        self._runbook_url = runbook_url
         # Each family's classification as last logged (outages are logged as one line).
         self._logged: dict[Family, Classification] = {}
         # Why the database cannot be evaluated now (None: it can), and the back-off.
@@ -113,6 +126,11 @@ class HealthSidecar:
         self._retry_delay = 0.0
         self._retry_at: float | None = None
         self._last_tick: float | None = None
+        # Until the in-process relay has had one chance to claim its lanes (it was ready
+        # once, or the relay family's heartbeat bound has passed since start), a stalled
+        # relay family is served as unknown/starting.
+        self._relay_starting = relay is not None and policy.relay is not None
+        self._started_at: float | None = None
         self._evaluated = asyncio.Condition()
 
     @property
@@ -201,6 +219,8 @@ class HealthSidecar:
                 )
         except TimeoutError:
             report = unknown_report(self._policy, "evaluation timed out")
+        if self._still_starting():
+            report = while_starting(report)
         if any(result.evidence is None for result in report.families):
             # Any probe error: the incremental state may have missed something; start over.
             self._completion.reset()
@@ -210,6 +230,19 @@ class HealthSidecar:
         async with self._evaluated:
             self._evaluated.notify_all()
         return report
+
+    def _still_starting(self) -> bool:
+        """Whether the in-process relay has yet to have its first chance to claim lanes."""
+        if not self._relay_starting:
+            return False
+        assert self._relay is not None and self._policy.relay is not None  # see __init__
+        now = asyncio.get_running_loop().time()
+        if self._started_at is None:
+            self._started_at = now
+        grace = self._policy.relay.max_heartbeat_age_ms / 1000
+        if self._relay.ready() or now - self._started_at > grace:
+            self._relay_starting = False
+        return self._relay_starting
 
     def _database_state(self, problem: str | None) -> None:
         """Log a change of the database's state once, and schedule the next attempt."""
@@ -237,6 +270,7 @@ class HealthSidecar:
 
     def _record(self, report: HealthReport) -> None:
         self._last = (report, asyncio.get_running_loop().time())
+        self._history.record(report)
         self._counters.evaluations += 1
         for result in report.families:
             if result.evidence is None:
@@ -299,14 +333,23 @@ class HealthSidecar:
             return self._readyz()
         if request.path == "/health":
             report = self.report()
-            document = health_document(report, release=__version__)
+            document = health_document(report, release=__version__, policy=self._policy)
             status = 503 if report_status(report) == "fail" else 200
             return Response(status, HEALTH_JSON, encode_json(document))
         if request.path == "/metrics":
             return Response(200, CONTENT_TYPE_LATEST, generate_latest(self._registry))
         if request.path == "/":
-            page = status_page(self.report(), live=self.live(), ready=self.ready())
-            return Response(200, _HTML, page.encode("utf-8"))
+            page = status_page(
+                self.report(),
+                live=self.live(),
+                ready=self.ready(),
+                policy=self._policy,
+                history=self._history,
+                runbook_url=self._runbook_url,
+            )
+            # The page needs nothing but itself: say so, so a browser refuses any script
+            # or fetch even if something slipped past the escaping.
+            return Response(200, _HTML, page.encode("utf-8"), headers=(_PAGE_POLICY,))
         return problem(404, "unknown path; see /, /livez, /readyz, /health, /metrics")
 
     def _readyz(self) -> Response:

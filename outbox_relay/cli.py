@@ -3,13 +3,14 @@
 Every flag is declared in :mod:`outbox_relay.options`. Exit codes: 0 success, 1 a runtime
 failure, 2 usage or configuration error (including an unreachable database for ``migrate``
 and ``redrive``, and an unmigrated one for ``redrive``); ``check`` and ``status`` use 0
-within bounds, 2 stalled, 3 unknown.
+within bounds, 2 stalled, 3 unknown; ``status --watch`` runs until Ctrl-C and then exits 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -38,13 +39,15 @@ from outbox_relay.settings import (
     Settings,
 )
 from pgconnect import connect, connection_options, describe_target
-from relay.redrive import redrive
+from relay.redrive import preview, redrive
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_UNKNOWN = 3  # check and status: the health could not be evaluated
 EXIT_INTERRUPTED = 130
+# ANSI: cursor home, clear the screen; the watch redraws in place on a terminal.
+_CLEAR = "\x1b[H\x1b[2J"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -146,11 +149,23 @@ async def _redrive(settings: RedriveSettings) -> int:
     )
     try:
         await require_migrated(conn, load_migrations())
-        count = await redrive(conn, settings.selection)
+        if settings.dry_run:
+            causes = await preview(conn, settings.selection)
+            total = sum(cause.events for cause in causes)
+            print(f"dry run: would return {total} quarantined event(s) to the relay")
+            for cause in causes:
+                print(f"  {cause.cause}: {cause.events} event(s) on {cause.keys} key(s)")
+            return EXIT_OK
+        count = await redrive(conn, settings.selection, progress=_redrive_progress)
     finally:
         await conn.close()
     print(f"returned {count} quarantined event(s) to the relay")
     return EXIT_OK
+
+
+def _redrive_progress(returned: int, selected: int) -> None:
+    # stderr: stdout keeps the one result line a script may read.
+    print(f"redrive: returned {returned} of {selected}", file=sys.stderr, flush=True)
 
 
 async def _grant(settings: GrantSettings) -> int:
@@ -175,15 +190,33 @@ async def _grant(settings: GrantSettings) -> int:
 
 
 async def _health_report(settings: HealthReportSettings) -> int:
-    command = status if settings.table else check
-    text, code = await command(
-        settings.database_url,
-        settings.policy,
-        receipt_retention_ms=settings.receipt_retention_ms,
-        transaction_pooler=settings.transaction_pooler,
-    )
-    print(text)
-    return code
+    if not settings.table:
+        text, code = await check(
+            settings.database_url,
+            settings.policy,
+            receipt_retention_ms=settings.receipt_retention_ms,
+            transaction_pooler=settings.transaction_pooler,
+        )
+        print(text)
+        return code
+    terminal = sys.stdout.isatty()
+    # Colour only for a person at a terminal, and never against https://no-color.org.
+    colour = terminal and not os.environ.get("NO_COLOR")
+    while True:
+        text, code = await status(
+            settings.database_url,
+            settings.policy,
+            receipt_retention_ms=settings.receipt_retention_ms,
+            transaction_pooler=settings.transaction_pooler,
+            colour=colour,
+        )
+        if settings.watch_interval_ms is None:
+            print(text)
+            return code
+        # On a terminal the table is redrawn in place; a pipe or file gets one block per
+        # evaluation, separated by a blank line, so it stays readable as a log.
+        print(f"{_CLEAR}{text}" if terminal else f"{text}\n", flush=True)
+        await asyncio.sleep(settings.watch_interval_ms / 1000)
 
 
 async def _serve(settings: ServiceSettings) -> int:

@@ -404,6 +404,13 @@ COMPLETION_RECHECK_PERIOD = Integer(
     help="the running sidecar re-reads its whole completion look-back once per this period "
     "(0: every evaluation)",
 )
+RUNBOOK_URL = Text(
+    flag="--runbook-url",
+    env="OUTBOX_RELAY_RUNBOOK_URL",
+    default="docs/operations.md",
+    verbs=RELAY_VERBS,
+    help="where the status page links for each family (#family-<name> is appended)",
+)
 NO_RELAY = Switch(flag="--no-relay", verbs=frozenset({RUN}), help="run the health sidecar alone")
 EVENT_ID = Repeated(flag="--id", verbs=frozenset({REDRIVE}), help="event id (repeatable)")
 AGGREGATETYPE = Text(
@@ -414,6 +421,20 @@ ERROR_CLASS = Text(
     flag="--error-class", verbs=frozenset({REDRIVE}), help="events quarantined with this class"
 )
 EVERYTHING = Switch(flag="--all", verbs=frozenset({REDRIVE}), help="every quarantined event")
+DRY_RUN = Switch(
+    flag="--dry-run",
+    verbs=frozenset({REDRIVE}),
+    help="only show what would be returned, per cause; change nothing",
+)
+WATCH = Switch(
+    flag="--watch", verbs=frozenset({STATUS}), help="evaluate again and again until Ctrl-C"
+)
+WATCH_INTERVAL = Integer(
+    flag="--interval-ms",
+    default=2000,
+    verbs=frozenset({STATUS}),
+    help="time between evaluations with --watch",
+)
 GRANT_TO = Text(
     flag="--to",
     verbs=frozenset({GRANT}),
@@ -468,12 +489,16 @@ OPTIONS: tuple[Option, ...] = (
     HTTP_MAX_CONNECTIONS_OPTION,
     DATABASE_RETRY_MAX,
     COMPLETION_RECHECK_PERIOD,
+    RUNBOOK_URL,
     NO_RELAY,
     EVENT_ID,
     AGGREGATETYPE,
     EVENT_TYPE,
     ERROR_CLASS,
     EVERYTHING,
+    DRY_RUN,
+    WATCH,
+    WATCH_INTERVAL,
     GRANT_TO,
     GRANT_AS,
     PRINT_ONLY,
@@ -591,6 +616,7 @@ def _redrive(args: argparse.Namespace, environ: Environ) -> RedriveSettings:
         database_url=_database_url(args, environ),
         selection=selection,
         transaction_pooler=_transaction_pooler(args, environ),
+        dry_run=DRY_RUN.value(args, environ),
     )
 
 
@@ -614,6 +640,9 @@ def _health_report(args: argparse.Namespace, environ: Environ) -> HealthReportSe
         receipt_retention_ms=RECEIPT_RETENTION.value(args, environ),
         table=args.verb == STATUS,
         transaction_pooler=_transaction_pooler(args, environ),
+        watch_interval_ms=WATCH_INTERVAL.value(args, environ)
+        if args.verb == STATUS and WATCH.value(args, environ)
+        else None,
     )
 
 
@@ -650,6 +679,7 @@ def _service(args: argparse.Namespace, environ: Environ) -> ServiceSettings:
             database_retry_max_ms=DATABASE_RETRY_MAX.value(args, environ),
             completion_recheck_period_ms=COMPLETION_RECHECK_PERIOD.value(args, environ),
         ),
+        runbook_url=RUNBOOK_URL.required(args, environ),
     )
 
 

@@ -39,6 +39,7 @@ async def run_service(settings: ServiceSettings) -> int:
         completion_recheck_period_ms=settings.sidecar.completion_recheck_period_ms,
         database_retry_max_ms=settings.sidecar.database_retry_max_ms,
         transaction_pooler=settings.transaction_pooler,
+        runbook_url=settings.runbook_url,
     )
     async with sidecar, anyio.create_task_group() as tasks:
         tasks.start_soon(_watch_signals, stop, tasks.cancel_scope, relay is not None)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from contracts.errors import ConfigError
 from contracts.policy import Policy
@@ -37,6 +38,7 @@ class RedriveSettings:
 
     database_url: str | None = field(repr=False)
     selection: RedriveFilter
+    dry_run: bool
     transaction_pooler: bool = False
 
 
@@ -59,7 +61,13 @@ class HealthReportSettings:
     policy: Policy
     receipt_retention_ms: int
     table: bool
+    watch_interval_ms: int | None
+    """``status --watch``: evaluate again after this long, until interrupted; None: once."""
     transaction_pooler: bool = False
+
+    def __post_init__(self) -> None:
+        if self.watch_interval_ms is not None and self.watch_interval_ms <= 0:
+            raise ConfigError("--interval-ms must be a positive integer")
 
 
 @dataclass(frozen=True)
@@ -113,11 +121,16 @@ class ServiceSettings:
     policy: Policy
     receipt_retention_ms: int
     relay: RelayConfig | None
+    runbook_url: str
+    """Where the status page links each family's runbook section."""
     demo: DemoOptions | None = None
     transaction_pooler: bool = False
     sidecar: SidecarOptions = field(default_factory=SidecarOptions)
 
     def __post_init__(self) -> None:
+        # The page links here: an http(s) address or a path, never a script or data URL.
+        if urlsplit(self.runbook_url).scheme not in ("", "http", "https"):
+            raise ConfigError("--runbook-url must be an http(s) address or a path")
         relay = self.relay
         if relay is not None and (
             relay.database_url != self.database_url

@@ -195,18 +195,4 @@ WHERE id IN (
 
 LISTEN_CHANNEL = "outbox_relay"
 
-REDRIVE = """
-WITH redriven AS (
-    UPDATE outbox
-    SET quarantined_at = NULL, attempts = 0, next_attempt_at = NULL, last_error_class = NULL
-    WHERE quarantined_at IS NOT NULL
-      AND ($1::uuid[] IS NULL OR id = ANY($1::uuid[]))
-      AND ($2::text IS NULL OR aggregatetype = $2)
-      AND ($3::text IS NULL OR type = $3)
-      AND ($4::text IS NULL OR last_error_class = $4)
-    RETURNING 1
-)
-SELECT count(*) FROM redriven
-"""
-
 NOTIFY = "SELECT pg_notify('outbox_relay', '')"

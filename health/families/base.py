@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
 import asyncpg
 
@@ -33,6 +33,10 @@ class Measurement:
     name: str
     value: int | None
     unit: str
+    bound: str | None = None
+    """The field of the family's policy section this value is held to, if any."""
+    trend: Literal["backlog", "oldest"] | None = None
+    """Kept in the status page's history: the family's backlog count or its oldest age."""
 
 
 def age(observed_at: int | None, oldest: int | None) -> int | None:

@@ -119,9 +119,18 @@ def completion_outbox_measurements(evidence: CompletionOutboxEvidence) -> list[M
     """What the ``completion_outbox`` family shows."""
     now = evidence.observed_at_unix_ms
     return [
-        Measurement("missing_count", evidence.missing_count, "jobs"),
         Measurement(
-            "oldest_missing_age", age(now, evidence.oldest_missing_updated_at_unix_ms), "ms"
+            "missing_count",
+            evidence.missing_count,
+            "jobs",
+            bound="max_missing_count",
+            trend="backlog",
+        ),
+        Measurement(
+            "oldest_missing_age",
+            age(now, evidence.oldest_missing_updated_at_unix_ms),
+            "ms",
+            trend="oldest",
         ),
     ]
 

@@ -84,12 +84,27 @@ def outbox_measurements(evidence: OutboxEvidence) -> list[Measurement]:
     """What the ``outbox`` family shows."""
     now = evidence.observed_at_unix_ms
     return [
-        Measurement("pending_count", evidence.pending_count, "events"),
         Measurement(
-            "oldest_pending_age", age(now, evidence.oldest_pending_created_at_unix_ms), "ms"
+            "pending_count",
+            evidence.pending_count,
+            "events",
+            bound="max_pending_count",
+            trend="backlog",
+        ),
+        Measurement(
+            "oldest_pending_age",
+            age(now, evidence.oldest_pending_created_at_unix_ms),
+            "ms",
+            bound="max_pending_age_ms",
+            trend="oldest",
         ),
         Measurement("retrying_count", evidence.retrying_count, "events"),
-        Measurement("quarantined_count", evidence.quarantined_count, "events"),
+        Measurement(
+            "quarantined_count",
+            evidence.quarantined_count,
+            "events",
+            bound="max_quarantined_count",
+        ),
     ]
 
 

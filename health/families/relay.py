@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import asyncpg
+import msgspec
 
-from contracts.health import RelayEvidence
-from contracts.policy import RelayPolicy
+from contracts.health import Classification, HealthReport, RelayEvidence
+from contracts.policy import Family, RelayPolicy
 from health.families.base import FamilySpec, Gauge, Measurement, age
 from health.probing import CLOCK, fetch_probe, unix_ms, without_newest
-from health.rules import Verdict, age_over, count_over, timestamp_problems, verdict
+from health.rules import (
+    Verdict,
+    age_over,
+    build_report,
+    count_over,
+    timestamp_problems,
+    verdict,
+)
+
+STARTING = "starting"
+"""The relay family's reason before the in-process relay had its first chance to claim lanes."""
 
 # $1 = max_heartbeat_age_ms (what counts as a live instance). Lock holders: pid and
 # transaction start only; the query text of other sessions is never read.
@@ -147,15 +158,43 @@ def classify_relay(evidence: RelayEvidence, policy: RelayPolicy) -> Verdict:
     return verdict([], counts, ages)
 
 
+def while_starting(report: HealthReport) -> HealthReport:
+    """The report with a stalled relay family turned ``unknown``/``starting``.
+
+    Right after start the tables still show the last run (or none): no fresh heartbeat and
+    every lane unowned. Until this process's relay has had one chance to claim its lanes
+    that says nothing about it, so it is neither stalled nor within bounds. The evidence is
+    kept; other classifications (unknown for a database problem, within bounds because
+    other instances hold the lanes) stand as they are.
+    """
+    results = [
+        msgspec.structs.replace(result, classification=Classification.UNKNOWN, reasons=(STARTING,))
+        if result.family is Family.RELAY and result.classification is Classification.STALLED
+        else result
+        for result in report.families
+    ]
+    return build_report(results, report.evaluated_at_unix_ms)
+
+
 def relay_measurements(evidence: RelayEvidence) -> list[Measurement]:
     """What the ``relay`` family shows."""
     now = evidence.observed_at_unix_ms
     return [
         Measurement("live_instance_count", evidence.live_instance_count, "instances"),
         Measurement("instance_count", evidence.instance_count, "instances"),
-        Measurement("heartbeat_age", age(now, evidence.newest_heartbeat_at_unix_ms), "ms"),
+        Measurement(
+            "heartbeat_age",
+            age(now, evidence.newest_heartbeat_at_unix_ms),
+            "ms",
+            bound="max_heartbeat_age_ms",
+        ),
         Measurement("last_publish_age", age(now, evidence.newest_publish_at_unix_ms), "ms"),
-        Measurement("unowned_lane_count", evidence.unowned_lane_count, "lanes"),
+        Measurement(
+            "unowned_lane_count",
+            evidence.unowned_lane_count,
+            "lanes",
+            bound="max_unowned_lane_count",
+        ),
         Measurement("lane_count", evidence.lane_count, "lanes"),
         Measurement("oldest_ready_age", age(now, evidence.oldest_ready_created_at_unix_ms), "ms"),
         Measurement(
@@ -165,6 +204,7 @@ def relay_measurements(evidence: RelayEvidence) -> list[Measurement]:
             "oldest_blocking_transaction_age",
             age(now, evidence.oldest_blocking_transaction_started_at_unix_ms),
             "ms",
+            bound="max_blocking_transaction_age_ms",
         ),
     ]
 

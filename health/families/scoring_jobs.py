@@ -109,10 +109,32 @@ def scoring_jobs_measurements(evidence: ScoringJobsEvidence) -> list[Measurement
     """What the ``scoring_jobs`` family shows."""
     now = evidence.observed_at_unix_ms
     return [
-        Measurement("active_count", evidence.active_count, "jobs"),
-        Measurement("oldest_active_age", age(now, evidence.oldest_active_created_at_unix_ms), "ms"),
-        Measurement("quarantined_count", evidence.quarantined_count, "jobs"),
-        Measurement("expired_lease_count", evidence.expired_lease_count, "leases"),
+        Measurement(
+            "active_count",
+            evidence.active_count,
+            "jobs",
+            bound="max_active_job_count",
+            trend="backlog",
+        ),
+        Measurement(
+            "oldest_active_age",
+            age(now, evidence.oldest_active_created_at_unix_ms),
+            "ms",
+            bound="max_active_job_age_ms",
+            trend="oldest",
+        ),
+        Measurement(
+            "quarantined_count",
+            evidence.quarantined_count,
+            "jobs",
+            bound="max_quarantined_job_count",
+        ),
+        Measurement(
+            "expired_lease_count",
+            evidence.expired_lease_count,
+            "leases",
+            bound="max_expired_lease_count",
+        ),
         Measurement(
             "oldest_expired_lease_age",
             age(now, evidence.oldest_expired_lease_expires_at_unix_ms),
