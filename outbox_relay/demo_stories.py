@@ -46,6 +46,8 @@ log = logging.getLogger("outbox_relay.demo")
 STALL_TIMEOUT_S = 180.0
 RECOVERY_TIMEOUT_S = 180.0
 PAUSE_BETWEEN_STORIES_S = 5.0
+# How long a story stopped by Ctrl-C may take to recover before the process exits.
+STOP_RECOVERY_S = 15.0
 # The dead worker's lease: short, so the stall shows soon.
 DEAD_LEASE_MS = 2_000
 # The legacy path's lease: long enough that it never expires before the plain UPDATE.
@@ -157,13 +159,23 @@ class Story(Protocol):
         ...
 
 
+class QuietStory:
+    """A story with nothing more to show while on show or after its recovery."""
+
+    async def on_show(self, context: StoryContext) -> None:
+        """Nothing more while on show."""
+
+    async def after(self, context: StoryContext) -> None:
+        """Nothing more after the recovery."""
+
+
 def say(text: str) -> None:
     """A line for the person watching the demo (stdout; logs go to stderr)."""
     print(text, flush=True)
 
 
 # -- story 1 -----------------------------------------------------------------------------------
-class DeadWorker:
+class DeadWorker(QuietStory):
     """A worker dies holding its lease; the expiry sweep makes the job due again."""
 
     title = "a worker dies holding a lease"
@@ -191,9 +203,6 @@ class DeadWorker:
             await conn.close()
         say("  a worker claimed a job and died.")
 
-    async def on_show(self, context: StoryContext) -> None:
-        """Nothing more: the expired lease is the whole story."""
-
     async def recover(self, context: StoryContext) -> None:
         """Run the expiry sweep once."""
         conn = await connect(context.database_url)
@@ -206,13 +215,10 @@ class DeadWorker:
             f"and quarantined {len(expiry.quarantined)}."
         )
 
-    async def after(self, context: StoryContext) -> None:
-        """Nothing more."""
-
 
 # -- story 2 -----------------------------------------------------------------------------------
 @dataclass
-class LegacyCompletion:
+class LegacyCompletion(QuietStory):
     """A completion written without its event, reconciled through the writer."""
 
     title = "a legacy code path completes a job without its event"
@@ -250,9 +256,6 @@ class LegacyCompletion:
             await conn.close()
         say("  a job was completed by plain SQL; it has no outbox event.")
 
-    async def on_show(self, context: StoryContext) -> None:
-        """Nothing more."""
-
     async def recover(self, context: StoryContext) -> None:
         """Replay the completion through the writer."""
         assert self.job is not None
@@ -273,9 +276,6 @@ class LegacyCompletion:
             f"  the writer answered {outcome.completion.value} and "
             f"{outcome.enqueue.value} the event."
         )
-
-    async def after(self, context: StoryContext) -> None:
-        """Nothing more."""
 
 
 # -- story 3 -----------------------------------------------------------------------------------
@@ -470,14 +470,20 @@ async def stage(
     if await _await_report(context, _all_within_bounds, warm_up_s) is None:
         say("Not every family is within bounds yet; staging the stories anyway.")
     for number, make in enumerate(stories, 1):
-        story = make()
-        family = story.family.value
-        say(f"\n=== Story {number}/{len(stories)}: {story.title} ===")
-        say(f"What happens: {story.happening}")
-        say(f"Look at:      {story.look_at}")
-        say(f"Recovery:     {story.recovery}")
-        log.info("demo story staged", extra={"story": number, "family": family})
-        await story.start(context)
+        await _tell(context, number, len(stories), make())
+
+
+async def _tell(context: StoryContext, number: int, of: int, story: Story) -> None:
+    """One story: announce, stage, watch it stall, hold, recover, watch it recover."""
+    family = story.family.value
+    say(f"\n=== Story {number}/{of}: {story.title} ===")
+    say(f"What happens: {story.happening}")
+    say(f"Look at:      {story.look_at}")
+    say(f"Recovery:     {story.recovery}")
+    log.info("demo story staged", extra={"story": number, "family": family})
+    await story.start(context)
+    recovered = False
+    try:
         report = await _await_report(
             context, _stalled_for(story.family, story.reason), STALL_TIMEOUT_S
         )
@@ -491,13 +497,21 @@ async def stage(
         await anyio.sleep(context.hold_s)
         say("Recovering:")
         await story.recover(context)
-        if await _await_report(context, _within_bounds(story.family), RECOVERY_TIMEOUT_S):
-            say(f"  /health: {family} is within_bounds again.")
-            log.info("demo story recovered", extra={"story": number, "family": family})
-        else:
-            say(f"  /health did not show {family} within_bounds in {RECOVERY_TIMEOUT_S:.0f} s.")
-        await story.after(context)
-        await anyio.sleep(min(context.hold_s, PAUSE_BETWEEN_STORIES_S))
+        recovered = True
+    finally:
+        if not recovered:
+            # Stopped mid-story (Ctrl-C): recover first, so the next run starts clean
+            # instead of with an expired lease, a missing event or a small topic.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(STOP_RECOVERY_S):
+                say("Stopping mid-story: recovering it first.")
+                await story.recover(context)
+    if await _await_report(context, _within_bounds(story.family), RECOVERY_TIMEOUT_S):
+        say(f"  /health: {family} is within_bounds again.")
+        log.info("demo story recovered", extra={"story": number, "family": family})
+    else:
+        say(f"  /health did not show {family} within_bounds in {RECOVERY_TIMEOUT_S:.0f} s.")
+    await story.after(context)
+    await anyio.sleep(min(context.hold_s, PAUSE_BETWEEN_STORIES_S))
 
 
 # -- the end -----------------------------------------------------------------------------------

@@ -388,7 +388,7 @@ DEMO_JOBS = Integer(
     env="OUTBOX_RELAY_DEMO_JOBS",
     default=2000,
     verbs=frozenset({DEMO}),
-    help="scoring jobs to run",
+    help="scoring jobs queued at the start",
 )
 DEMO_WORKERS = Integer(flag="--workers", default=4, verbs=frozenset({DEMO}), help="scoring workers")
 EXIT_WHEN_DONE = Switch(

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import asyncpg
 from aiokafka.structs import ConsumerRecord
 
+from tests.faults.harness import free_port
 from tests.health.httpclient import get
 from tests.relay.harness import consume
 
@@ -29,20 +29,6 @@ STORIES = (
     ("completion_outbox", "missing_count"),
     ("outbox", "quarantined_count"),
 )
-
-
-def _free_port() -> int:
-    """A free port of this suite's range for operator tests, else any free one."""
-    for port in range(26200, 26300):
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -99,7 +85,7 @@ def _entry_of(value: bytes) -> int:
 async def test_each_story_stalls_its_family_with_its_reason_and_recovers(
     db: asyncpg.Connection, database_url: str, kafka_bootstrap: str, topic_namespace: str
 ) -> None:
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "DATABASE_URL": database_url,

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -23,6 +22,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from contracts.policy import Family
+from tests.faults.harness import free_port
 from tests.health.httpclient import get
 
 REPO = Path(__file__).resolve().parents[2]
@@ -135,25 +135,12 @@ def test_promtool_accepts_the_rules() -> None:
 
 
 # -- against a running relay and sidecar -------------------------------------------------------
-def _free_port() -> int:
-    for port in range(26200, 26300):
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest_asyncio.fixture
 async def scrape(
     database_url: str, kafka_bootstrap: str, topic_namespace: str
 ) -> AsyncIterator[str]:
     """/metrics of `outbox-relay run` once its sidecar has finished an evaluation."""
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "DATABASE_URL": database_url,
