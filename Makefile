@@ -63,15 +63,16 @@ test: venv lint
 	if [ "$$rc" -eq 5 ]; then echo "pytest collected no tests (exit 5): treated as failure" >&2; fi; \
 	exit "$$rc"
 
-# The demo runs in its own database (outbox_relay_demo) until Ctrl-C;
-# DEMO_ARGS passes more flags, e.g. DEMO_ARGS='--jobs 500 --exit-when-done'.
+# The demo runs in its own database (outbox_relay_demo): a steady workload and three
+# failure stories in turn, until Ctrl-C; DEMO_ARGS passes more flags, e.g.
+# DEMO_ARGS='--story-hold-ms 60000' or DEMO_ARGS='--exit-when-done' (stories once, then stop).
 DEMO_ARGS ?=
 demo: services-up
 	@set -a; . ./$(ENV_FILE); set +a; \
 	demo_url="$$($(VPY) scripts/demo_database.py)"; \
 	$(VENV)/bin/outbox-relay migrate --database-url "$$demo_url"; \
 	$(VENV)/bin/outbox-relay demo --database-url "$$demo_url" \
-		--policy docs/policy.example.toml --log-format text $(DEMO_ARGS)
+		--policy docs/policy.demo.toml --log-format text $(DEMO_ARGS)
 
 bench: services-up
 	@set -a; . ./$(ENV_FILE); set +a; \

@@ -1,31 +1,42 @@
-"""``outbox-relay demo``: a synthetic scoring workload against the real relay and sidecar.
+"""``outbox-relay demo``: a steady synthetic scoring workload and three failure stories,
+staged in turn against this process's own relay and health sidecar.
 
-Workers claim jobs, mostly complete them, sometimes fail them (retryable or permanent),
-and one worker dies holding its lease, so the health page shows an expired lease until
-the reaper ends it. Every terminal job's event goes through the outbox to Kafka.
+The workload never fails on its own: workers claim jobs and complete them through the
+scoring writer, so every event reaches Kafka and every family stays within bounds. On top
+of it the demo stages, one at a time, the failures this product exists to expose (see
+:mod:`outbox_relay.demo_stories`): each is announced, left on show once ``/health`` reports
+it, then recovered the way an operator would, and the demo waits for the family to be
+within bounds again. Without ``--exit-when-done`` the workload goes on until Ctrl-C.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import uuid
+from dataclasses import dataclass
 
 import anyio
 import asyncpg
 
 from health.families.completion_outbox import TERMINAL_JOB_WITHOUT_EVENT
+from outbox_relay.demo_stories import STORIES, DemoSystem, StoryContext, farewell, stage
 from outbox_relay.settings import DemoOptions
 from pgconnect import connect
 from scoring.errors import ScoringWriteError
-from scoring.worker import claim_next_due, enqueue_job, expire_leases, fail_retryable
-from scoring.writer import EventDetails, complete_job, fail_job_permanently
+from scoring.worker import claim_next_due, enqueue_job
+from scoring.writer import EventDetails, complete_job
+
+__all__ = ["DemoSystem", "run_demo_workload"]
 
 log = logging.getLogger("outbox_relay.demo")
 
-LEASE_MS = 4_000
-REAPER_EVERY_S = 6.0
-PROGRESS_EVERY_S = 2.0
+# Long enough that a steady worker never loses a job it is scoring; only the stories'
+# dead worker lets a lease expire.
+LEASE_MS = 30_000
+PROGRESS_EVERY_S = 5.0
+FINAL_CHECK_EVERY_S = 1.0
+# How long the demo waits for every family to be within bounds before its first story.
+WARM_UP_S = 120.0
 
 _PROGRESS = """
 SELECT count(*) FILTER (WHERE scoring_state IN ('queued', 'leased', 'retry_scheduled')),
@@ -47,43 +58,121 @@ WHERE job.scoring_request_ref = $1
 """
 
 
-def _event(run: str) -> EventDetails:
-    return EventDetails(
-        source="urn:outbox-relay:demo",
-        tenant_ref="tenant-demo",
-        correlation_ref=f"run-{run}",
-        schema_version="1",
-    )
+@dataclass
+class _Run:
+    """One demo run: its id (in every job ref), request ref and event details."""
+
+    run: str
+    options: DemoOptions
+    enqueued: int = 0
+
+    @property
+    def request_ref(self) -> str:
+        return f"demo-{self.run}"
+
+    @property
+    def event(self) -> EventDetails:
+        return EventDetails(
+            source="urn:outbox-relay:demo",
+            tenant_ref="tenant-demo",
+            correlation_ref=f"run-{self.run}",
+            schema_version="1",
+        )
+
+    def next_job_ref(self) -> str:
+        self.enqueued += 1
+        return f"job-{self.run}-{self.enqueued:06d}"
 
 
 async def run_demo_workload(
-    database_url: str | None, options: DemoOptions, stop: anyio.Event
+    database_url: str | None, options: DemoOptions, system: DemoSystem, stop: anyio.Event
 ) -> None:
-    """Enqueue jobs, run workers and a reaper, report progress; stops with ``stop``."""
-    run = uuid.uuid4().hex[:8]
-    request_ref = f"demo-{run}"
-    jobs, workers = options.jobs, options.workers
+    """The steady workload, the three stories in turn, progress; ends with ``stop``."""
+    demo = _Run(uuid.uuid4().hex[:8], options)
     conn = await connect(database_url)
     try:
-        for i in range(jobs):
-            await enqueue_job(
-                conn, job_ref=f"job-{run}-{i:06d}", request_ref=request_ref, max_attempts=3
-            )
+        for _ in range(options.jobs):
+            await _enqueue(conn, demo)
     finally:
         await conn.close()
-    log.info("demo jobs enqueued", extra={"jobs": jobs, "workers": workers, "run": run})
+    log.info(
+        "demo jobs enqueued",
+        extra={"jobs": options.jobs, "workers": options.workers, "run": demo.run},
+    )
+    feeding = anyio.Event()  # set: the steady workload stops adding jobs
     async with anyio.create_task_group() as tasks:
-        for n in range(workers):
-            tasks.start_soon(_worker, database_url, f"worker-{run}-{n}", run, stop)
-        tasks.start_soon(_dying_worker, database_url, f"worker-{run}-doomed")
-        tasks.start_soon(_reaper, database_url, run, stop)
-        await _report(database_url, run, request_ref, jobs, stop, options.exit_when_done)
-        tasks.cancel_scope.cancel()
+        tasks.start_soon(farewell, database_url, system, stop)
+        for n in range(options.workers):
+            tasks.start_soon(_worker, database_url, f"worker-{demo.run}-{n}", demo, stop)
+        tasks.start_soon(_feeder, database_url, demo, stop, feeding)
+        tasks.start_soon(_report, database_url, demo, stop)
+        context = StoryContext(
+            database_url=database_url,
+            run=demo.run,
+            system=system,
+            hold_s=options.story_hold_ms / 1000,
+            event=demo.event,
+            claim_job=lambda conn, lease_ms: _claim_fresh(conn, demo, lease_ms),
+        )
+        with anyio.CancelScope() as stories:
+            tasks.start_soon(_cancel_when, stop, stories)
+            await stage(context, STORIES, warm_up_s=WARM_UP_S)
+        if stop.is_set():
+            return
+        if options.exit_when_done:
+            feeding.set()
+            await _until_done(database_url, demo, stop)
+            stop.set()
+            return
+        print("\nThe three stories are done; the steady workload goes on. Ctrl-C stops the demo.")
+        await stop.wait()
 
 
-async def _worker(database_url: str | None, worker_ref: str, run: str, stop: anyio.Event) -> None:
-    rng = random.Random(worker_ref)  # noqa: S311 - synthetic workload, not security
-    event = _event(run)
+async def _cancel_when(stop: anyio.Event, scope: anyio.CancelScope) -> None:
+    await stop.wait()
+    scope.cancel()
+
+
+async def _enqueue(conn: asyncpg.Connection, demo: _Run) -> str:
+    job_ref = demo.next_job_ref()
+    await enqueue_job(conn, job_ref=job_ref, request_ref=demo.request_ref, max_attempts=3)
+    return job_ref
+
+
+async def _claim_fresh(conn: asyncpg.Connection, demo: _Run, lease_ms: int) -> tuple[str, int]:
+    """A job of this run leased to a story's own worker: enqueued and claimed at once.
+
+    The oldest due job is leased, so a story may get a steady job instead of its own;
+    either way it holds one lease, which is all a story needs.
+    """
+    while True:
+        await _enqueue(conn, demo)
+        job = await claim_next_due(conn, worker_ref=f"worker-{demo.run}-story", lease_ms=lease_ms)
+        if job is not None:
+            return job.job_ref, job.fencing_token
+
+
+async def _feeder(
+    database_url: str | None, demo: _Run, stop: anyio.Event, feeding: anyio.Event
+) -> None:
+    """``--rate`` jobs a second until the demo stops (or, bounded, its stories are done)."""
+    rate = demo.options.rate
+    if rate == 0:
+        return
+    conn = await connect(database_url)
+    try:
+        while not (stop.is_set() or feeding.is_set()):
+            for _ in range(rate):
+                await _enqueue(conn, demo)
+            with anyio.move_on_after(1.0):
+                await stop.wait()
+    finally:
+        await conn.close()
+
+
+async def _worker(database_url: str | None, worker_ref: str, demo: _Run, stop: anyio.Event) -> None:
+    """Claims and completes jobs through the writer, one at a time; never fails one."""
+    event = demo.event
     conn = await connect(database_url)
     try:
         while not stop.is_set():
@@ -91,93 +180,37 @@ async def _worker(database_url: str | None, worker_ref: str, run: str, stop: any
             if job is None:
                 await anyio.sleep(0.2)
                 continue
-            await anyio.sleep(rng.uniform(0.002, 0.03))  # "scoring"
+            await anyio.sleep(0.01)  # "scoring"
             try:
-                await _finish(conn, job.job_ref, job.fencing_token, rng, event)
+                await complete_job(
+                    conn,
+                    job_ref=job.job_ref,
+                    fencing_token=job.fencing_token,
+                    result_ref=f"result-{job.job_ref}",
+                    payload={"score": 0.5},
+                    event=event,
+                )
             except ScoringWriteError as exc:
-                # The reaper ended our lease first: the job is someone else's now.
                 log.info("demo: outcome refused", extra={"reason": type(exc).__name__})
     finally:
         await conn.close()
 
 
-async def _finish(
-    conn: asyncpg.Connection, job_ref: str, token: int, rng: random.Random, event: EventDetails
-) -> None:
-    """Mostly complete; sometimes a retryable or a permanent failure."""
-    roll = rng.random()
-    if roll < 0.90:
-        await complete_job(
-            conn,
-            job_ref=job_ref,
-            fencing_token=token,
-            result_ref=f"result-{job_ref}",
-            payload={"score": round(rng.random(), 4)},
-            event=event,
-        )
-    elif roll < 0.97:
-        await fail_retryable(
-            conn,
-            job_ref=job_ref,
-            fencing_token=token,
-            cause_code="model_timeout",
-            retry_delay_ms=500,
-            event=event,
-        )
-    else:
-        await fail_job_permanently(
-            conn, job_ref=job_ref, fencing_token=token, cause_code="invalid_features", event=event
-        )
+async def _progress(conn: asyncpg.Connection, demo: _Run) -> tuple[int, int, int, int, int]:
+    row = await conn.fetchrow(_PROGRESS, demo.request_ref, f"job-{demo.run}-%")
+    return row[0], row[1], row[2], row[3], row[4]
 
 
-async def _dying_worker(database_url: str | None, worker_ref: str) -> None:
-    """Claims one job and never finishes it: the dead-worker state health must expose."""
-    conn = await connect(database_url)
-    try:
-        job = await claim_next_due(conn, worker_ref=worker_ref, lease_ms=LEASE_MS)
-        if job is not None:
-            log.info("demo: a worker died holding a lease; health shows it once it expires")
-    finally:
-        await conn.close()
-
-
-async def _reaper(database_url: str | None, run: str, stop: anyio.Event) -> None:
-    event = _event(run)
-    while not stop.is_set():
-        await anyio.sleep(REAPER_EVERY_S)
-        conn = await connect(database_url)
-        try:
-            expiry = await expire_leases(conn, limit=100, event=event)
-        finally:
-            await conn.close()
-        if expiry.rescheduled or expiry.quarantined:
-            log.info(
-                "demo: expired leases ended",
-                extra={
-                    "rescheduled": len(expiry.rescheduled),
-                    "quarantined": len(expiry.quarantined),
-                },
-            )
-
-
-async def _report(
-    database_url: str | None,
-    run: str,
-    request_ref: str,
-    jobs: int,
-    stop: anyio.Event,
-    exit_when_done: bool,
-) -> None:
+async def _report(database_url: str | None, demo: _Run, stop: anyio.Event) -> None:
+    """A progress line every few seconds, counts only."""
     conn = await connect(database_url)
     try:
         while not stop.is_set():
-            active, completed, quarantined, pending, published = await conn.fetchrow(
-                _PROGRESS, request_ref, f"job-{run}-%"
-            )
+            active, completed, quarantined, pending, published = await _progress(conn, demo)
             log.info(
                 "demo progress",
                 extra={
-                    "jobs": jobs,
+                    "jobs": demo.enqueued,
                     "active": active,
                     "completed": completed,
                     "quarantined": quarantined,
@@ -185,23 +218,34 @@ async def _report(
                     "events_published": published,
                 },
             )
+            with anyio.move_on_after(PROGRESS_EVERY_S):
+                await stop.wait()
+    except asyncpg.PostgresError:
+        log.warning("demo progress query failed")
+    finally:
+        await conn.close()
+
+
+async def _until_done(database_url: str | None, demo: _Run, stop: anyio.Event) -> None:
+    """Bounded mode: wait until every job is terminal and every event published."""
+    conn = await connect(database_url)
+    try:
+        while not stop.is_set():
+            active, completed, quarantined, pending, published = await _progress(conn, demo)
             if active == 0 and pending == 0:
-                missing = await conn.fetchval(_MISSING_EVENTS, request_ref)
+                missing = await conn.fetchval(_MISSING_EVENTS, demo.request_ref)
                 log.info(
                     "demo finished: every job is terminal and every event is published",
                     extra={
+                        "jobs": demo.enqueued,
                         "completed": completed,
                         "quarantined": quarantined,
                         "events_published": published,
                         "terminal_jobs_without_event": missing,
                     },
                 )
-                if exit_when_done:
-                    stop.set()
                 return
-            with anyio.move_on_after(PROGRESS_EVERY_S):
+            with anyio.move_on_after(FINAL_CHECK_EVERY_S):
                 await stop.wait()
-    except asyncpg.PostgresError:
-        log.warning("demo progress query failed")
     finally:
         await conn.close()

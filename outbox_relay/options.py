@@ -453,13 +453,26 @@ DEMO_JOBS = Integer(
     env="OUTBOX_RELAY_DEMO_JOBS",
     default=2000,
     verbs=frozenset({DEMO}),
-    help="scoring jobs to run",
+    help="scoring jobs queued at the start",
 )
 DEMO_WORKERS = Integer(flag="--workers", default=4, verbs=frozenset({DEMO}), help="scoring workers")
 EXIT_WHEN_DONE = Switch(
     flag="--exit-when-done",
     verbs=frozenset({DEMO}),
-    help="stop once every job is terminal and every event published",
+    help="stage the three failure stories once, then stop once every job is terminal and "
+    "every event published",
+)
+DEMO_RATE = Integer(
+    flag="--rate",
+    default=10,
+    verbs=frozenset({DEMO}),
+    help="jobs the steady workload enqueues per second after the first --jobs",
+)
+STORY_HOLD = Integer(
+    flag="--story-hold-ms",
+    default=20_000,
+    verbs=frozenset({DEMO}),
+    help="how long each staged failure stays on show once health reports it",
 )
 
 OPTIONS: tuple[Option, ...] = (
@@ -505,6 +518,8 @@ OPTIONS: tuple[Option, ...] = (
     DEMO_JOBS,
     DEMO_WORKERS,
     EXIT_WHEN_DONE,
+    DEMO_RATE,
+    STORY_HOLD,
 )
 
 
@@ -663,6 +678,8 @@ def _service(args: argparse.Namespace, environ: Environ) -> ServiceSettings:
             jobs=DEMO_JOBS.value(args, environ),
             workers=DEMO_WORKERS.value(args, environ),
             exit_when_done=EXIT_WHEN_DONE.value(args, environ),
+            rate=DEMO_RATE.value(args, environ),
+            story_hold_ms=STORY_HOLD.value(args, environ),
         )
     return ServiceSettings(
         database_url=database_url,

@@ -14,7 +14,7 @@ import anyio
 from prometheus_client import CollectorRegistry
 
 from health.sidecar import HealthSidecar
-from outbox_relay.demo import run_demo_workload
+from outbox_relay.demo import DemoSystem, run_demo_workload
 from outbox_relay.settings import ServiceSettings
 from relay.engine import Relay
 from relay.metrics import RelayMetrics
@@ -46,9 +46,15 @@ async def run_service(settings: ServiceSettings) -> int:
         tasks.start_soon(sidecar.run, name="health")
         if relay is not None:
             tasks.start_soon(_relay_then_stop, relay, stop, tasks.cancel_scope, name="relay")
-        if settings.demo is not None:
+        if settings.demo is not None and config is not None:
+            # The demo stages its stories against this process's own relay and sidecar.
             tasks.start_soon(
-                run_demo_workload, settings.database_url, settings.demo, stop, name="demo"
+                run_demo_workload,
+                settings.database_url,
+                settings.demo,
+                DemoSystem(relay=config, health=sidecar),
+                stop,
+                name="demo",
             )
         host, port = settings.listen
         log.info(

@@ -77,12 +77,19 @@ class DemoOptions:
     jobs: int
     workers: int
     exit_when_done: bool
+    rate: int = 10
+    """Jobs enqueued per second by the steady workload once the first ``jobs`` are queued."""
+    story_hold_ms: int = 20_000
+    """How long each staged failure is left on show once health reports it."""
 
     def __post_init__(self) -> None:
         # Zero workers would leave every job queued and the demo waiting for ever.
         for flag, value in (("--jobs", self.jobs), ("--workers", self.workers)):
             if value <= 0:
                 raise ConfigError(f"{flag} must be a positive integer, got {value}")
+        for flag, value in (("--rate", self.rate), ("--story-hold-ms", self.story_hold_ms)):
+            if value < 0:
+                raise ConfigError(f"{flag} must not be negative, got {value}")
 
 
 @dataclass(frozen=True)
