@@ -25,15 +25,15 @@ def load_policy(path: str) -> Policy:
         with open(path, "rb") as handle:
             raw = handle.read()
     except FileNotFoundError as exc:
-        raise ConfigError(f"policy file {path} does not exist") from exc
+        raise ConfigError(f"policy file {_shown(path)} does not exist") from exc
     except IsADirectoryError as exc:
-        raise ConfigError(f"policy file {path} is a directory") from exc
+        raise ConfigError(f"policy file {_shown(path)} is a directory") from exc
     except OSError as exc:
-        raise ConfigError(f"policy file {path} cannot be read: {exc.strerror}") from exc
+        raise ConfigError(f"policy file {_shown(path)} cannot be read: {exc.strerror}") from exc
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"policy file {path} is not UTF-8") from exc
+        raise ConfigError(f"policy file {_shown(path)} is not UTF-8") from exc
     return parse_policy(text)
 
 
@@ -97,9 +97,9 @@ def _evaluation(section: dict[str, Any]) -> EvaluationSettings:
     return EvaluationSettings(**section)
 
 
-def _shown(key: str) -> str:
-    """A key as written, or quoted with escapes when it holds a line break or control."""
-    return key if key.isprintable() else repr(key)
+def _shown(text: str) -> str:
+    """A key or path as written, or quoted with escapes when it holds a line break or control."""
+    return text if text.isprintable() else repr(text)
 
 
 def _check_type(section: str, key: str, value: object, expected: object) -> None:

@@ -56,6 +56,9 @@ class HealthReportSettings:
     receipt_retention_ms: int
     table: bool
 
+    def __post_init__(self) -> None:
+        _check_receipt_retention(self.receipt_retention_ms)
+
 
 @dataclass(frozen=True)
 class DemoOptions:
@@ -89,6 +92,7 @@ class ServiceSettings:
     demo: DemoOptions | None = None
 
     def __post_init__(self) -> None:
+        _check_receipt_retention(self.receipt_retention_ms)
         relay = self.relay
         if relay is not None and (
             relay.database_url != self.database_url
@@ -97,6 +101,12 @@ class ServiceSettings:
             raise ConfigError(
                 "the relay and the health sidecar must share the database and the receipt retention"
             )
+
+
+def _check_receipt_retention(value: int) -> None:
+    # The sidecar alone (`run --no-relay`, `check`) has no relay configuration to refuse it.
+    if value <= 0:
+        raise ConfigError(f"--receipt-retention-ms must be a positive integer, got {value}")
 
 
 Settings = (

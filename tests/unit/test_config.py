@@ -94,6 +94,17 @@ def test_defaults_are_valid() -> None:
         ({"lease_ttl_ms": 3_000, "lease_renew_ms": 1_500, "send_timeout_ms": 1}, "--lease-ttl-ms"),
         ({"compression": "brotli"}, "--compression"),
         ({"compression": "GZIP"}, "--compression"),
+        # Bound as PostgreSQL integer: larger values failed every write at run time.
+        ({"retry_cap_ms": 2**31}, "--retry-cap-ms"),
+        ({"retry_base_ms": 2**31, "retry_cap_ms": 2**31}, "--retry-base-ms"),
+        ({"max_attempts": 2**31}, "--max-attempts"),
+        ({"batch_size": 10**15 + 1}, "--batch-size"),
+        ({"linger_ms": -1}, "--linger-ms"),
+        ({"blocking_transaction_warn_ms": -1}, "--blocking-transaction-warn-ms"),
+        # No event could ever get a valid topic name from these.
+        ({"topic_template": "events/{aggregatetype}"}, "--topic-template"),
+        ({"topic_template": "a b.{aggregatetype}"}, "--topic-template"),
+        ({"topic_template": "x" * 249 + "{aggregatetype}"}, "--topic-template"),
     ],
 )
 def test_invalid_settings_raise_config_error_naming_the_flag(
