@@ -10,6 +10,7 @@ running throughout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import uuid
@@ -90,16 +91,22 @@ class World:
         return f"{self.namespace}.{aggregatetype}"
 
 
+@contextlib.asynccontextmanager
+async def kafka_admin(bootstrap: str) -> AsyncIterator[AIOKafkaAdminClient]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        yield admin
+    finally:
+        await admin.close()
+
+
 @pytest_asyncio.fixture
 async def world(database_url: str, kafka_bootstrap: str) -> AsyncIterator[World]:
     namespace = f"fz{uuid.uuid4().hex[:10]}"
     topics = [f"{namespace}.{name}" for name in (*TYPES, "own")]
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
+    async with kafka_admin(kafka_bootstrap) as admin:
         await admin.create_topics([NewTopic(t, PARTITIONS, 1) for t in topics])
-    finally:
-        await admin.close()
     reader = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, enable_auto_commit=False)
     await reader.start()
     config = fast_config(database_url, kafka_bootstrap, namespace, max_attempts=1)
@@ -112,18 +119,16 @@ async def world(database_url: str, kafka_bootstrap: str) -> AsyncIterator[World]
     finally:
         await db.close()
         await reader.stop()
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
+    async with kafka_admin(kafka_bootstrap) as admin:
         await admin.delete_topics(topics)
-    finally:
-        await admin.close()
 
 
 # -- rows ----------------------------------------------------------------------------------
 # PostgreSQL text and jsonb hold no NUL; anything else goes.
-text = st.text(st.characters(blacklist_characters="\x00"), max_size=30)
-nonempty = st.text(st.characters(blacklist_characters="\x00"), min_size=1, max_size=30)
+text = st.text(st.characters(codec="utf-8", blacklist_characters="\x00"), max_size=30)
+nonempty = st.text(
+    st.characters(codec="utf-8", blacklist_characters="\x00"), min_size=1, max_size=30
+)
 json_values = st.recursive(
     st.one_of(
         st.none(),
