@@ -46,6 +46,10 @@ class KafkaSecurity:
     ssl_keyfile: str | None = None
 
     def __post_init__(self) -> None:
+        _require_utf8(
+            ("--kafka-sasl-username", self.sasl_username),
+            ("the SASL password", self.sasl_password),
+        )
         if self.protocol not in _SECURITY_PROTOCOLS:
             raise ConfigError(
                 f"--kafka-security-protocol must be one of {', '.join(sorted(_SECURITY_PROTOCOLS))}"
@@ -115,6 +119,11 @@ class RelayConfig:
     compression: str | None = None
 
     def __post_init__(self) -> None:
+        _require_utf8(
+            ("--kafka-bootstrap", self.kafka_bootstrap),
+            ("--ce-source", self.ce_source),
+            ("--instance-id", self.instance_id),
+        )
         validate_topic_template(self.topic_template)
         if not self.kafka_bootstrap:
             raise ConfigError("--kafka-bootstrap (KAFKA_BOOTSTRAP_SERVERS) is required")
@@ -161,6 +170,17 @@ class RelayConfig:
             )
         if self.compression not in (None, "gzip", "snappy", "lz4", "zstd"):
             raise ConfigError("--compression must be one of gzip, snappy, lz4, zstd")
+
+
+def _require_utf8(*settings: tuple[str, str | None]) -> None:
+    """Refuse text that is not UTF-8 (argv or environment bytes Python kept as surrogates):
+    it is sent to PostgreSQL, to the broker or in every record, and could not be encoded."""
+    for name, value in settings:
+        if value is not None and not value.isascii():
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                raise ConfigError(f"{name} is not UTF-8 text") from None
 
 
 def validate_topic_template(template: str) -> None:

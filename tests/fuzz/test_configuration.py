@@ -128,6 +128,12 @@ def assert_usable(settings: Settings) -> None:
         assert settings.receipt_retention_ms > 0
     if relay is None:
         return
+    # Sent to PostgreSQL, to the broker or in every record: they must be UTF-8 text.
+    for name in ("ce_source", "instance_id", "kafka_bootstrap"):
+        getattr(relay, name).encode()
+    for secret in (relay.kafka_security.sasl_username, relay.kafka_security.sasl_password):
+        if secret is not None:
+            secret.encode()
     for f in fields(relay):
         value = getattr(relay, f.name)
         if isinstance(value, int) and not isinstance(value, bool):
@@ -137,8 +143,15 @@ def assert_usable(settings: Settings) -> None:
 
 
 # -- odd values --------------------------------------------------------------------------------
-# Text a process can receive: no NUL (argv and the environment cannot carry one).
-texts = st.text(st.characters(blacklist_characters="\x00", codec="utf-8"), max_size=30)
+# Text a process can receive: no NUL (argv and the environment cannot carry one), and
+# bytes that are not UTF-8, which Python hands over as lone surrogates (surrogateescape).
+texts = st.text(
+    st.one_of(
+        st.characters(blacklist_characters="\x00", codec="utf-8"),
+        st.characters(min_codepoint=0xDC80, max_codepoint=0xDCFF),
+    ),
+    max_size=30,
+)
 numbers = st.one_of(
     st.integers(),
     st.sampled_from([0, -1, 1, 2**31 - 1, 2**31, 2**63, 10**30, -(10**30)]),
@@ -244,6 +257,9 @@ def assert_exit_2_on_one_line_or_usable(outcome: Outcome) -> None:
 @example(configuration=(["run", *BASE_ARGS["run"], "--listen=127.0.0.1:²"], {}))
 @example(configuration=(["run", *BASE_ARGS["run"][:-2]], {"PORT": "²"}))
 @example(configuration=(["check", "--policy=no\x85such"], {}))  # a line break in a path
+# Bytes that are not UTF-8 (here 0xff): a traceback, or a relay failing at every write.
+@example(configuration=(["run", *BASE_ARGS["run"], "--ce-source=\udcff"], {}))
+@example(configuration=(["run", *BASE_ARGS["run"]], {"OUTBOX_RELAY_INSTANCE_ID": "r\udcff"}))
 @example(configuration=(["run", *BASE_ARGS["run"], "--retry-cap-ms=3000000000"], {}))
 @example(configuration=(["run", *BASE_ARGS["run"], "--max-attempts=9999999999"], {}))
 @example(configuration=(["run", *BASE_ARGS["run"], "--topic-template=a b {aggregatetype}"], {}))
@@ -273,6 +289,7 @@ RUN_WITHOUT_LISTEN = ["run", "--policy", POLICY, "--kafka-bootstrap", "127.0.0.1
         ([*RUN_WITHOUT_LISTEN, "--retry-cap-ms", "3000000000"], {}),
         ([*RUN_WITHOUT_LISTEN, "--topic-template", "events/{aggregatetype}"], {}),
         (["check", "--policy", POLICY, "--receipt-retention-ms", "0"], {}),
+        ([*RUN_WITHOUT_LISTEN, "--ce-source=" + os.fsdecode(b"urn:\xff")], {}),
     ],
 )
 async def test_bad_configuration_in_a_real_process_exits_2(
