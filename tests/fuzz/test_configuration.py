@@ -119,6 +119,9 @@ def run_in_process(argv: list[str], environ: dict[str, str]) -> Outcome:
 def assert_usable(settings: Settings) -> None:
     """An accepted configuration holds only values the relay and the sidecar can use."""
     relay: RelayConfig | None = None
+    url = getattr(settings, "database_url", None)
+    if url is not None:
+        url.encode()  # sent to PostgreSQL as it is: bytes that are not UTF-8 cannot be
     if isinstance(settings, ServiceSettings):
         relay = settings.relay
         host, port = settings.listen
@@ -258,6 +261,7 @@ def assert_exit_2_on_one_line_or_usable(outcome: Outcome) -> None:
 @example(configuration=(["run", *BASE_ARGS["run"][:-2]], {"PORT": "²"}))
 @example(configuration=(["check", "--policy=no\x85such"], {}))  # a line break in a path
 # Bytes that are not UTF-8 (here 0xff): a traceback, or a relay failing at every write.
+@example(configuration=(["migrate"], {"DATABASE_URL": "postgresql://u:p\udcff@h/db"}))
 @example(configuration=(["run", *BASE_ARGS["run"], "--ce-source=\udcff"], {}))
 @example(configuration=(["run", *BASE_ARGS["run"]], {"OUTBOX_RELAY_INSTANCE_ID": "r\udcff"}))
 @example(configuration=(["run", *BASE_ARGS["run"], "--retry-cap-ms=3000000000"], {}))
