@@ -306,7 +306,10 @@ def _request(event: h11.Request) -> Request:
     target = event.target.decode("ascii", "replace")
     if target.startswith(("http://", "https://")):
         # Absolute form (RFC 9112 3.2.2), as proxies send it: only the path matters here.
-        path = urlsplit(target).path or "/"
+        try:
+            path = urlsplit(target).path or "/"
+        except ValueError:  # e.g. an unclosed "[": no path of ours, so a 404
+            path = target
     else:
         path = target.split("?", 1)[0].split("#", 1)[0]
     return Request(method=event.method.decode("ascii", "replace"), path=path)

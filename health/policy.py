@@ -25,15 +25,15 @@ def load_policy(path: str) -> Policy:
         with open(path, "rb") as handle:
             raw = handle.read()
     except FileNotFoundError as exc:
-        raise ConfigError(f"policy file {path} does not exist") from exc
+        raise ConfigError(f"policy file {_shown(path)} does not exist") from exc
     except IsADirectoryError as exc:
-        raise ConfigError(f"policy file {path} is a directory") from exc
+        raise ConfigError(f"policy file {_shown(path)} is a directory") from exc
     except OSError as exc:
-        raise ConfigError(f"policy file {path} cannot be read: {exc.strerror}") from exc
+        raise ConfigError(f"policy file {_shown(path)} cannot be read: {exc.strerror}") from exc
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"policy file {path} is not UTF-8") from exc
+        raise ConfigError(f"policy file {_shown(path)} is not UTF-8") from exc
     return parse_policy(text)
 
 
@@ -44,10 +44,13 @@ def parse_policy(text: str) -> Policy:
     except tomllib.TOMLDecodeError as exc:
         # The decoder's message names a line and column, never a value.
         raise ConfigError(f"policy: invalid TOML: {exc}") from exc
+    except RecursionError:
+        # The decoder recurses per nesting level; no policy nests more than two deep.
+        raise ConfigError("policy: invalid TOML: values nested too deeply") from None
     for key, value in document.items():
         if key not in _KNOWN_TOP:
             known = ", ".join(sorted(_KNOWN_TOP))
-            raise ConfigError(f"policy: unknown section [{key}] (known: {known})")
+            raise ConfigError(f"policy: unknown section [{_shown(key)}] (known: {known})")
         if not isinstance(value, dict):
             raise ConfigError(f"policy: {key} must be a [{key}] table")
     families: dict[str, Any] = {}
@@ -71,7 +74,7 @@ def _family(name: str, section: dict[str, Any], struct: type[S]) -> S | None:
     fields = {f.name: f.type for f in msgspec.structs.fields(struct)}
     for key in section:
         if key != "enabled" and key not in fields:
-            raise ConfigError(f"policy: [{name}] {key} is not a known setting")
+            raise ConfigError(f"policy: [{name}] {_shown(key)} is not a known setting")
     for key, value in section.items():
         if key != "enabled":
             _check_type(name, key, value, fields[key])
@@ -87,11 +90,16 @@ def _evaluation(section: dict[str, Any]) -> EvaluationSettings:
     fields = {f.name: f.type for f in msgspec.structs.fields(EvaluationSettings)}
     for key, value in section.items():
         if key not in fields:
-            raise ConfigError(f"policy: [{_EVALUATION}] {key} is not a known setting")
+            raise ConfigError(f"policy: [{_EVALUATION}] {_shown(key)} is not a known setting")
         _check_type(_EVALUATION, key, value, fields[key])
         if value == 0:
             raise ConfigError(f"policy: [{_EVALUATION}] {key} must be greater than 0")
     return EvaluationSettings(**section)
+
+
+def _shown(text: str) -> str:
+    """A key or path as written, or quoted with escapes when it holds a line break or control."""
+    return text if text.isprintable() else repr(text)
 
 
 def _check_type(section: str, key: str, value: object, expected: object) -> None:

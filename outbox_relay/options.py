@@ -541,7 +541,8 @@ def add_options(parser: argparse.ArgumentParser, verb: str) -> None:
 def parse_listen(value: str) -> tuple[str, int]:
     """``HOST:PORT`` or ``[V6]:PORT`` → (host, port)."""
     host, sep, port_text = value.rpartition(":")
-    if not sep or not host or not port_text.isdigit():
+    # isascii: str.isdigit also holds for digits int() refuses, such as "²".
+    if not sep or not host or not (port_text.isascii() and port_text.isdigit()):
         raise ConfigError(f"--listen must be HOST:PORT, got {value!r}")
     port = int(port_text)
     if not 0 <= port < 65536:

@@ -68,6 +68,7 @@ class HealthReportSettings:
     def __post_init__(self) -> None:
         if self.watch_interval_ms is not None and self.watch_interval_ms <= 0:
             raise ConfigError("--interval-ms must be a positive integer")
+        _check_receipt_retention(self.receipt_retention_ms)
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,7 @@ class ServiceSettings:
     sidecar: SidecarOptions = field(default_factory=SidecarOptions)
 
     def __post_init__(self) -> None:
+        _check_receipt_retention(self.receipt_retention_ms)
         # The page links here: an http(s) address or a path, never a script or data URL.
         if urlsplit(self.runbook_url).scheme not in ("", "http", "https"):
             raise ConfigError("--runbook-url must be an http(s) address or a path")
@@ -147,6 +149,12 @@ class ServiceSettings:
             raise ConfigError(
                 "the relay and the health sidecar must share the database and the receipt retention"
             )
+
+
+def _check_receipt_retention(value: int) -> None:
+    # The sidecar alone (`run --no-relay`, `check`) has no relay configuration to refuse it.
+    if value <= 0:
+        raise ConfigError(f"--receipt-retention-ms must be a positive integer, got {value}")
 
 
 Settings = (

@@ -56,9 +56,10 @@ def validate_database_url(url: str | None) -> str | None:
     if _BAD_ESCAPE.search(userinfo):
         raise ConfigError(f"{_NOT_A_URL}: {_ENCODE_HINT}")
     try:
+        url.encode()  # bytes that were not UTF-8 (kept as surrogates) cannot be sent
         unquote(userinfo, errors="strict")
         port = urlsplit(url).port  # raises ValueError on a non-numeric port
-    except ValueError as exc:  # UnicodeDecodeError too: an escape that is not UTF-8
+    except ValueError as exc:  # Unicode errors too: an escape or a raw byte that is not UTF-8
         raise ConfigError(_NOT_A_URL) from exc
     if port is not None and not 0 < port < 65536:
         raise ConfigError("--database-url has a port outside 1-65535")

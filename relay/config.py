@@ -16,6 +16,14 @@ from contracts.errors import ConfigError
 
 DEFAULT_TOPIC_TEMPLATE = "outbox.event.{aggregatetype}"
 _TEMPLATE_FIELDS = re.compile(r"\{([^{}]*)\}")
+# Kafka's topic name rule (as relay.records checks each name): what the template adds
+# around {aggregatetype} must keep to it, or no event could ever be published.
+_TOPIC_CHARACTERS = re.compile(r"^[A-Za-z0-9._-]*$")
+_MAX_TOPIC_LENGTH = 249
+# PostgreSQL integer (int4): retry delays and the attempt budget are bound as one.
+_INT4_MAX = 2**31 - 1
+# Larger settings are typos, and would overflow bigint limits and interval arithmetic.
+_MAX_SETTING = 10**15
 _SECURITY_PROTOCOLS = frozenset({"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"})
 _SASL_MECHANISMS = frozenset({"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"})
 
@@ -38,6 +46,10 @@ class KafkaSecurity:
     ssl_keyfile: str | None = None
 
     def __post_init__(self) -> None:
+        _require_utf8(
+            ("--kafka-sasl-username", self.sasl_username),
+            ("the SASL password", self.sasl_password),
+        )
         if self.protocol not in _SECURITY_PROTOCOLS:
             raise ConfigError(
                 f"--kafka-security-protocol must be one of {', '.join(sorted(_SECURITY_PROTOCOLS))}"
@@ -111,6 +123,11 @@ class RelayConfig:
     transaction_pooler: bool = False
 
     def __post_init__(self) -> None:
+        _require_utf8(
+            ("--kafka-bootstrap", self.kafka_bootstrap),
+            ("--ce-source", self.ce_source),
+            ("--instance-id", self.instance_id),
+        )
         validate_topic_template(self.topic_template)
         if not self.kafka_bootstrap:
             raise ConfigError("--kafka-bootstrap (KAFKA_BOOTSTRAP_SERVERS) is required")
@@ -130,6 +147,22 @@ class RelayConfig:
         for flag, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"{flag} must be a positive integer, got {value}")
+        for flag, value, limit in (
+            *((flag, value, _MAX_SETTING) for flag, value in positive.items()),
+            ("--retry-base-ms", self.retry_base_ms, _INT4_MAX),
+            ("--retry-cap-ms", self.retry_cap_ms, _INT4_MAX),
+            ("--max-attempts", self.max_attempts, _INT4_MAX),
+            ("--linger-ms", self.linger_ms, _MAX_SETTING),
+            ("--blocking-transaction-warn-ms", self.blocking_transaction_warn_ms, _MAX_SETTING),
+        ):
+            if value > limit:
+                raise ConfigError(f"{flag} must be at most {limit}, got {value}")
+        for flag, value in (
+            ("--linger-ms", self.linger_ms),
+            ("--blocking-transaction-warn-ms", self.blocking_transaction_warn_ms),
+        ):
+            if value < 0:
+                raise ConfigError(f"{flag} must not be negative, got {value}")
         if self.retry_cap_ms < self.retry_base_ms:
             raise ConfigError("--retry-cap-ms must be at least --retry-base-ms")
         # A lane is only published while its lease outlives the slowest send by a margin;
@@ -143,6 +176,17 @@ class RelayConfig:
             raise ConfigError("--compression must be one of gzip, snappy, lz4, zstd")
 
 
+def _require_utf8(*settings: tuple[str, str | None]) -> None:
+    """Refuse text that is not UTF-8 (argv or environment bytes Python kept as surrogates):
+    it is sent to PostgreSQL, to the broker or in every record, and could not be encoded."""
+    for name, value in settings:
+        if value is not None and not value.isascii():
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                raise ConfigError(f"{name} is not UTF-8 text") from None
+
+
 def validate_topic_template(template: str) -> None:
     """Only ``{aggregatetype}`` may be substituted into the topic template."""
     fields = _TEMPLATE_FIELDS.findall(template)
@@ -150,3 +194,9 @@ def validate_topic_template(template: str) -> None:
         raise ConfigError("--topic-template may only use the field {aggregatetype}")
     if not template.replace("{aggregatetype}", "x").strip():
         raise ConfigError("--topic-template is empty")
+    fixed = template.replace("{aggregatetype}", "")
+    if not _TOPIC_CHARACTERS.match(fixed) or len(fixed) >= _MAX_TOPIC_LENGTH:
+        raise ConfigError(
+            "--topic-template may hold only letters, digits, '.', '_' and '-' around "
+            f"{{aggregatetype}}, and fewer than {_MAX_TOPIC_LENGTH} of them"
+        )

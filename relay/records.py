@@ -129,7 +129,12 @@ class RecordMapper:
         value: bytes | None = None
         if row.payload is not None:
             # jsonb prints ", " and ": "; consumers get compact JSON.
-            value = msgspec.json.format(row.payload.encode(), indent=-1)
+            try:
+                value = msgspec.json.format(row.payload.encode(), indent=-1)
+            except RecursionError:
+                # Nested deeper than the formatter goes (jsonb takes it): jsonb's own
+                # text is the same JSON value, only not compact.
+                value = row.payload.encode()
             headers.append(("content-type", b"application/json"))
         if row.traceparent is not None:
             headers.append(("traceparent", row.traceparent.encode()))

@@ -94,6 +94,21 @@ def test_defaults_are_valid() -> None:
         ({"lease_ttl_ms": 3_000, "lease_renew_ms": 1_500, "send_timeout_ms": 1}, "--lease-ttl-ms"),
         ({"compression": "brotli"}, "--compression"),
         ({"compression": "GZIP"}, "--compression"),
+        # Bound as PostgreSQL integer: larger values failed every write at run time.
+        ({"retry_cap_ms": 2**31}, "--retry-cap-ms"),
+        ({"retry_base_ms": 2**31, "retry_cap_ms": 2**31}, "--retry-base-ms"),
+        ({"max_attempts": 2**31}, "--max-attempts"),
+        ({"batch_size": 10**15 + 1}, "--batch-size"),
+        ({"linger_ms": -1}, "--linger-ms"),
+        ({"blocking_transaction_warn_ms": -1}, "--blocking-transaction-warn-ms"),
+        # No event could ever get a valid topic name from these.
+        ({"topic_template": "events/{aggregatetype}"}, "--topic-template"),
+        ({"topic_template": "a b.{aggregatetype}"}, "--topic-template"),
+        ({"topic_template": "x" * 249 + "{aggregatetype}"}, "--topic-template"),
+        # Bytes that are not UTF-8 reach Python as lone surrogates; nothing can send them.
+        ({"ce_source": "urn:\udcff"}, "--ce-source"),
+        ({"instance_id": "relay-\udcff"}, "--instance-id"),
+        ({"kafka_bootstrap": "h\udcff:9092"}, "--kafka-bootstrap"),
     ],
 )
 def test_invalid_settings_raise_config_error_naming_the_flag(
@@ -126,6 +141,11 @@ def test_valid_topic_templates(template: str) -> None:
 def test_unknown_security_protocol_is_refused() -> None:
     with pytest.raises(ConfigError, match="--kafka-security-protocol"):
         KafkaSecurity(protocol="TLS")
+
+
+def test_sasl_user_name_that_is_not_utf8_is_refused() -> None:
+    with pytest.raises(ConfigError, match="--kafka-sasl-username is not UTF-8"):
+        KafkaSecurity(protocol="SASL_SSL", sasl_mechanism="PLAIN", sasl_username="\udcff")
 
 
 def test_sasl_needs_a_known_mechanism() -> None:

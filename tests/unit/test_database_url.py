@@ -26,6 +26,9 @@ REFUSED = [
     ("postgresql://u:ab@cd@h/db", "percent-encode"),  # two '@': parsers disagree on which
     ("postgresql://u:ab%zzcd@h/db", "percent-encode"),  # '%' that starts no escape
     ("postgresql://u:ab%ffcd@h/db", "not a valid"),  # an escape that is not UTF-8
+    # Raw bytes that are not UTF-8, as Python keeps them from argv or the environment.
+    ("postgresql://u:ab\udcffcd@h/db", "not a valid"),
+    ("postgresql://u:pw@h/d\udcff", "not a valid"),
     ("postgresql://u:pw@h:port/db", "not a valid"),
     ("postgresql://u:pw@h:99999/db", "not a valid"),
     ("postgresql://u:pw@[::1/db", "not a valid"),

@@ -136,6 +136,12 @@ def test_value_preserves_unicode_and_string_contents() -> None:
     assert json.loads(value) == {"name": "Zoë 日本 🚀", "text": "a, b: c", "esc": 'q"uote\n'}
 
 
+def test_a_payload_nested_deeper_than_the_formatter_is_published_as_jsonb_wrote_it() -> None:
+    # jsonb takes 2000 levels; the formatter's recursion limit raised out of the relay.
+    payload = "[" * 2000 + "]" * 2000
+    assert mapper().to_record(make_row(payload=payload)).value == payload.encode()
+
+
 def test_scalar_payloads_are_valid_json_values() -> None:
     for payload, expected in (('"text"', b'"text"'), ("42", b"42"), ("[]", b"[]"), ("{}", b"{}")):
         assert mapper().to_record(make_row(payload=payload)).value == expected
