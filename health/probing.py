@@ -65,6 +65,14 @@ def probe_failure(exc: BaseException) -> ProbeFailure:
         return ProbeFailure("permission denied on a table the probe reads (42501)")
     if isinstance(exc, asyncpg.QueryCanceledError | TimeoutError):
         return ProbeFailure("probe timed out")
+    # A backend terminated by an administrator or a server shutdown reads as its FATAL
+    # message, a connection-class error or a closed socket, whichever the driver meets
+    # first: one reason for all of them.
+    if isinstance(
+        exc,
+        asyncpg.AdminShutdownError | asyncpg.CrashShutdownError | asyncpg.PostgresConnectionError,
+    ):
+        return ProbeFailure("database connection failed")
     if isinstance(exc, asyncpg.PostgresError):
         return ProbeFailure(f"database refused the probe ({exc.sqlstate})")
     if isinstance(exc, asyncpg.InterfaceError | asyncpg.InternalClientError):
