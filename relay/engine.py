@@ -368,12 +368,15 @@ class Relay:
                 else:
                     window.give_back_slot()
                 if not full:
-                    # End of this pass. The next one starts from the beginning, which
-                    # needs the pipeline empty: wait for that, or for news.
+                    # End of this pass. The next one starts from the beginning on news (or
+                    # after a poll interval), also while batches are still in flight: its
+                    # fetches leave their rows out (_fetch). So a new event never waits for
+                    # the batches before it to be recorded, and a row this pass stepped
+                    # over (a late commit) is read before any later row of its key: the
+                    # cursor must not run on past it.
                     with anyio.move_on_after(config.poll_interval_ms / 1000):
-                        await window.wait_empty()
-                        if not self._wake.is_set():
-                            await self._wake.wait()
+                        await self._wake.wait()
+                    cursor = 0
         finally:
             if prefetch is not None:
                 window.give_back_slot()  # its task is cancelled with the task group
