@@ -62,12 +62,11 @@ from health.families.completion_outbox import (
 from health.probing import (
     CLOCK,
     fetch_probe,
-    probe_failure,
+    fetch_probe_rows,
     unix_ms,
     unix_us,
     without_newest,
 )
-from pgconnect import DB_ERRORS
 
 RECHECK_PERIOD_MS = 21_600_000
 """The rolling re-check overtakes the whole window once every six hours: with a 5 s interval
@@ -167,27 +166,6 @@ UNION ALL
 UNION ALL
 {_missing_between("$7", "$8", "true")}
 """
-
-
-# Statement 2 runs in a transaction of its own (READ COMMITTED: its snapshot is still
-# taken after statement 1) with the generic plan. Its bounds are parameters, so each custom
-# plan is the same index range scan with anti-join probes, but PostgreSQL estimates the
-# generic plan for an unknown range as costlier and so re-planned the three-branch union
-# on every evaluation: planning took 10 x longer than running it (1.6-3.9 ms against
-# 0.18 ms, bench/test_health_cost.py), most of the sidecar's steady-state cost. SET LOCAL
-# ends with the transaction, so the session keeps no state of it.
-_GENERIC_PLAN = "SET LOCAL plan_cache_mode = force_generic_plan"
-
-
-async def _increment_rows(conn: asyncpg.Connection, *args: object) -> list[asyncpg.Record]:
-    """COMPLETION_INCREMENT's rows, planned once; errors become ProbeFailure."""
-    try:
-        async with conn.transaction(isolation="read_committed", readonly=True):
-            await conn.execute(_GENERIC_PLAN)
-            rows: list[asyncpg.Record] = await conn.fetch(COMPLETION_INCREMENT, *args)
-    except DB_ERRORS as exc:
-        raise probe_failure(exc) from exc
-    return rows
 
 
 class _State:
@@ -316,8 +294,9 @@ class CompletionTracker:
             )
             # Past the watermark: the next evaluation starts over at the window start.
             next_sweep = lower_us if sweep_to >= scan_from else sweep_to
-        rows = await _increment_rows(
+        rows = await fetch_probe_rows(
             conn,
+            COMPLETION_INCREMENT,
             scan_from,
             upper_us,
             settle_us,
