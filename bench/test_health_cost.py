@@ -106,7 +106,7 @@ async def _sidecar_cost(
     await evaluate(conn, policy, receipt_retention_ms=7 * DAY_MS, completion=tracker)
     samples = []
     for round_ in range(ROUNDS + 1):
-        tag = f"{grace_ms}-{round_}-{id(conn)}"
+        tag = f"{grace_ms}-{round_}-{id(conn)}-{id(tracker)}"
         await writer.execute(NEW_COMPLETIONS, NEW_PER_ROUND, tag)
         await writer.execute(NEW_EVENTS, NEW_PER_ROUND, tag)
         started = time.perf_counter()
