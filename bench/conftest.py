@@ -58,9 +58,16 @@ ALL_FAMILIES_DISABLED = (
 
 
 async def start_relay_process(
-    database_url: str, bootstrap: str, namespace: str, workdir: Path, **env: str
+    database_url: str,
+    bootstrap: str,
+    namespace: str,
+    workdir: Path,
+    *,
+    source: Path | None = None,
+    **env: str,
 ) -> asyncio.subprocess.Process:
-    """``outbox-relay run`` in its own process, health checks off, topics under namespace."""
+    """``outbox-relay run`` in its own process, health checks off, topics under namespace;
+    from ``source`` (another checkout of the project) instead of this one when given."""
     policy = workdir / "policy.toml"
     policy.write_text(ALL_FAMILIES_DISABLED)
     environment = {
@@ -78,7 +85,8 @@ async def start_relay_process(
         "outbox_relay",
         "run",
         env=environment,
-        cwd=REPO,
+        # ``-m`` imports from the working directory first: the checkout that runs.
+        cwd=source or REPO,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
     )

@@ -1,6 +1,6 @@
 """Drain rate of a 200,000-event backlog: the relay vs. a raw idempotent aiokafka producer.
 
-Target (docs/benchmarks.md): 1 KiB payloads, 1,000 keys, 6 partitions; the relay must reach ≥ 0.8 x the
+Target (docs/benchmarks.md): 1 KiB payloads, 1,000 keys, 6 partitions; the relay must reach ≥ 0.9 x the
 raw producer's rate, both measured in this run on this broker. Also: the drain rate with
 two relay instances against one. Prints ratios; asserts nothing about time.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import statistics
 import time
 import uuid
 
@@ -18,8 +19,9 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.partitioner import DefaultPartitioner
 
+from relay.config import RelayConfig
 from relay.records import OutboxRow, RecordMapper
-from tests.relay.harness import fast_config, running_relay, wait_until
+from tests.relay.harness import running_relay, wait_until
 
 EVENTS = int(os.environ.get("BENCH_EVENTS", "200000"))
 KEYS = 1000
@@ -132,20 +134,21 @@ async def _relay_rate(database_url: str, bootstrap: str, namespace: str, instanc
     """
     conn = await asyncpg.connect(database_url)
     batch = int(os.environ.get("BENCH_BATCH", "1000"))
+    # The relay at its defaults (linger, poll interval, in-flight window); only the batch
+    # size may be changed (BENCH_BATCH).
     configs = [
-        fast_config(
-            database_url,
-            bootstrap,
-            namespace,
+        RelayConfig(
+            database_url=database_url,
+            kafka_bootstrap=bootstrap,
+            topic_template=f"{namespace}.{{aggregatetype}}",
             instance_id=f"bench-{i}",
-            linger_ms=5,
             batch_size=batch,
         )
         for i in range(instances)
     ]
     try:
         async with contextlib_multi(configs) as relays:
-            await wait_until(lambda: _all_lanes_held(conn, relays, instances))
+            await wait_until(lambda: _all_lanes_held(conn, relays, instances), timeout=120)
             await _fill(database_url, "bench")
             started = time.perf_counter()
             cpu = time.process_time()
@@ -221,16 +224,24 @@ async def test_drain_rate_against_raw_producer(bench_database: str, kafka_bootst
     await _create_topic(kafka_bootstrap, f"{namespace}.raw.bench")
     await _create_topic(kafka_bootstrap, f"{namespace}.bench")
     records = _same_records(namespace)
-    raw = await _raw_producer_rate(kafka_bootstrap, records)
-    raw_batch = await _raw_batch_rate(kafka_bootstrap, records)
-    del records
+    # The raw producer runs before and after the relay and counts with the mean of both:
+    # on a shared machine the load drifts within a run, and bracketing evens that out.
+    raws, raw_batches = [], []
+    raws.append(await _raw_producer_rate(kafka_bootstrap, records))
+    raw_batches.append(await _raw_batch_rate(kafka_bootstrap, records))
     relay = await _relay_rate(bench_database, kafka_bootstrap, namespace, instances=1)
+    raws.append(await _raw_producer_rate(kafka_bootstrap, records))
+    raw_batches.append(await _raw_batch_rate(kafka_bootstrap, records))
+    del records
+    raw, raw_batch = statistics.fmean(raws), statistics.fmean(raw_batches)
     print(
         f"\nDRAIN {EVENTS} events, 1 KiB, {KEYS} keys, {PARTITIONS} partitions\n"
-        f"  raw aiokafka idempotent producer, send():       {raw:10.0f} events/s\n"
-        f"  raw aiokafka idempotent producer, send_batch(): {raw_batch:10.0f} events/s\n"
+        f"  raw aiokafka idempotent producer, send():       {raw:10.0f} events/s"
+        f"  (before / after the relay: {raws[0]:.0f} / {raws[1]:.0f})\n"
+        f"  raw aiokafka idempotent producer, send_batch(): {raw_batch:10.0f} events/s"
+        f"  (before / after the relay: {raw_batches[0]:.0f} / {raw_batches[1]:.0f})\n"
         f"  relay (1 instance, from PostgreSQL):            {relay:10.0f} events/s\n"
-        f"  ratio relay / raw send():                       {relay / raw:10.2f}  (target >= 0.80)\n"
+        f"  ratio relay / raw send():                       {relay / raw:10.2f}  (target >= 0.90)\n"
         f"  ratio relay / raw send_batch():                 {relay / raw_batch:10.2f}\n"
         f"  client CPU per event: raw send() {CPU_US['raw send()']:.1f} us, "
         f"relay {CPU_US['relay x1']:.1f} us (the relay also decodes rows and records receipts;\n"

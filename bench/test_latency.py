@@ -1,26 +1,42 @@
-"""Commit → broker acknowledgement at a steady 1,000 events/s with NOTIFY (target in docs/benchmarks.md: p99 ≤ 25 ms).
+"""Commit → broker acknowledgement at a steady 1,000 events/s with NOTIFY.
 
 The relay runs as ``outbox-relay run`` in its own process. Writers commit single-event
 transactions at a paced rate and note the time COMMIT returned; the topic stamps
 records with the broker's LogAppendTime, which is when the broker appended (and, with
 acks=all on one broker, acknowledged) them. Same machine, same clock.
+
+Several relays are measured one after the other in the same run, each on a topic of its
+own: the relay at its defaults, the same with the previous default ``--linger-ms 5``,
+and, when ``BENCH_BASELINE_SRC`` names another checkout of the project, that checkout at
+its defaults (before/after a change, measured in one run). Ratios are to the first.
+
+A second test splits one event's latency into its stages with the relay in the test's
+own process (docs/benchmarks.md, "Where one event's latency goes").
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import os
 import statistics
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from bench.conftest import start_relay_process
-from tests.relay.harness import consume
+from relay.config import RelayConfig
+from relay.engine import Batch, Relay
+from relay.store import RelayStore
+from relay.wakeups import WakeUp
+from tests.relay.harness import consume, running_relay, wait_until
 
 pytestmark = pytest.mark.bench
 
@@ -58,12 +74,16 @@ async def _writer(
         await conn.close()
 
 
-async def test_commit_to_ack_latency_at_steady_rate(
-    bench_database: str, kafka_bootstrap: str, tmp_path: Path
-) -> None:
-    namespace = f"l{uuid.uuid4().hex[:8]}"
-    topic = f"{namespace}.latency"
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+async def _write_steadily(url: str) -> dict[str, float]:
+    """Commit RATE events/s for SECONDS; each event's id → the time its COMMIT returned."""
+    sent: dict[str, float] = {}
+    deadline = time.perf_counter() + SECONDS
+    await asyncio.gather(*(_writer(url, i, RATE / WRITERS, deadline, sent) for i in range(WRITERS)))
+    return sent
+
+
+async def _create_log_append_topic(bootstrap: str, topic: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         await admin.create_topics(
@@ -71,32 +91,221 @@ async def test_commit_to_ack_latency_at_steady_rate(
         )
     finally:
         await admin.close()
+
+
+def _percentile(ordered: list[float], fraction: float) -> float:
+    return ordered[max(0, int(len(ordered) * fraction) - 1)]
+
+
+@dataclass
+class Variant:
+    label: str
+    env: dict[str, str] = field(default_factory=dict)
+    source: Path | None = None  # another checkout to run the relay from
+
+
+async def _measure(
+    database_url: str, bootstrap: str, workdir: Path, variant: Variant
+) -> tuple[float, float, float, int]:
+    """p50, p99, max (ms) and events of one relay variant at the steady rate."""
+    namespace = f"l{uuid.uuid4().hex[:8]}"
+    topic = f"{namespace}.latency"
+    await _create_log_append_topic(bootstrap, topic)
     relay = await start_relay_process(
-        bench_database, kafka_bootstrap, namespace, tmp_path, OUTBOX_RELAY_LINGER_MS="0"
+        database_url, bootstrap, namespace, workdir, source=variant.source, **variant.env
     )
     try:
         await asyncio.sleep(3)  # lanes claimed, producer connected
-        sent: dict[str, float] = {}
-        deadline = time.perf_counter() + SECONDS
-        await asyncio.gather(
-            *(_writer(bench_database, i, RATE / WRITERS, deadline, sent) for i in range(WRITERS))
-        )
-        records = await consume(kafka_bootstrap, [topic], count=len(sent), timeout=60)
+        sent = await _write_steadily(database_url)
+        records = await consume(bootstrap, [topic], count=len(sent), timeout=60)
     finally:
         relay.terminate()
         await relay.wait()
-    latencies = []
-    for record in records:
-        event_id = dict(record.headers)["id"].decode()
-        if event_id in sent:
-            latencies.append(record.timestamp - sent[event_id] * 1000)
-    latencies.sort()
-    p50 = statistics.median(latencies)
-    p99 = latencies[int(len(latencies) * 0.99) - 1]
-    achieved = len(sent) / SECONDS
-    print(
-        f"\nLATENCY commit -> broker append, {achieved:.0f} events/s for {SECONDS} s with NOTIFY\n"
-        f"  events: {len(sent)} written, {len(latencies)} read back\n"
-        f"  p50 {p50:6.1f} ms   p99 {p99:6.1f} ms (target <= 25)   max {latencies[-1]:6.1f} ms"
+    latencies = sorted(
+        record.timestamp - sent[event_id] * 1000
+        for record in records
+        if (event_id := dict(record.headers)["id"].decode()) in sent
     )
     assert len(latencies) == len(sent)  # completeness, not speed
+    return (
+        statistics.median(latencies),
+        _percentile(latencies, 0.99),
+        latencies[-1],
+        len(latencies),
+    )
+
+
+async def test_commit_to_ack_latency_at_steady_rate(
+    bench_database: str, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    variants = [
+        Variant("relay at its defaults"),
+        Variant("relay, --linger-ms 5 (the previous default)", {"OUTBOX_RELAY_LINGER_MS": "5"}),
+    ]
+    baseline = os.environ.get("BENCH_BASELINE_SRC")
+    if baseline:
+        variants.append(
+            Variant(f"baseline checkout {baseline}, its defaults", source=Path(baseline))
+        )
+    results = [
+        (variant, await _measure(bench_database, kafka_bootstrap, tmp_path, variant))
+        for variant in variants
+    ]
+    first_p50, first_p99 = results[0][1][0], results[0][1][1]
+    lines = [
+        f"\nLATENCY commit -> broker append, {RATE} events/s for {SECONDS} s with NOTIFY "
+        "(one after the other, same run)"
+    ]
+    for variant, (p50, p99, worst, events) in results:
+        lines.append(
+            f"  {variant.label}: {events} events, p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  "
+            f"max {worst:6.1f} ms  (this / defaults: p50 {p50 / first_p50:.2f}, "
+            f"p99 {p99 / first_p99:.2f})"
+        )
+    print("\n".join(lines))
+
+
+# -- where one event's latency goes ----------------------------------------------------------
+
+
+@dataclass
+class _Stages:
+    """Wall-clock instants (time.time()) the instrumented relay saw, per event id or seq."""
+
+    wakes: list[float] = field(default_factory=list)
+    fetched: dict[int, tuple[float, float]] = field(default_factory=dict)  # seq → fetch
+    sent: dict[str, tuple[float, float, int]] = field(default_factory=dict)  # id → send, seq
+    acked: dict[int, tuple[float, float]] = field(default_factory=dict)  # seq → append, ack
+    recorded: dict[int, float] = field(default_factory=dict)  # seq → bookkeeping done
+
+
+def _instrument(monkeypatch: pytest.MonkeyPatch, stages: _Stages) -> None:
+    """Wrap the relay's stage boundaries with timestamps (bench only)."""
+    wake_set = WakeUp.set
+
+    def noted_wake(self: WakeUp) -> None:
+        stages.wakes.append(time.time())
+        wake_set(self)
+
+    fetch_ready = RelayStore.fetch_ready
+
+    async def noted_fetch(self: RelayStore, *args: Any) -> list[Any]:
+        started = time.time()
+        records = await fetch_ready(self, *args)
+        ended = time.time()
+        for record in records:  # the first fetch that read the row (a later pass re-reads it)
+            stages.fetched.setdefault(record["seq"], (started, ended))
+        return records
+
+    send = Relay._send
+
+    async def noted_send(self: Relay, rows: Any, fences: Any) -> Batch:
+        started = time.time()
+        batch = await send(self, rows, fences)
+        ended = time.time()
+        for row in rows:
+            stages.sent[row.id] = (started, ended, row.seq)
+        for submitted in batch.submission.batches:
+            seqs = [rows[i].seq for i in submitted.members]
+            submitted.future.add_done_callback(_on_ack(stages, seqs))
+        return batch
+
+    record_outcome = RelayStore.record_outcome
+
+    async def noted_record(self: RelayStore, fences: Any, published: Any, *args: Any, **kw: Any):  # type: ignore[no-untyped-def]
+        recorded = await record_outcome(self, fences, published, *args, **kw)
+        ended = time.time()
+        for group in published:
+            for row in group.rows:
+                stages.recorded[row.seq] = ended
+        return recorded
+
+    monkeypatch.setattr(WakeUp, "set", noted_wake)
+    monkeypatch.setattr(RelayStore, "fetch_ready", noted_fetch)
+    monkeypatch.setattr(Relay, "_send", noted_send)
+    monkeypatch.setattr(RelayStore, "record_outcome", noted_record)
+
+
+def _on_ack(stages: _Stages, seqs: list[int]) -> Callable[[asyncio.Future[Any]], None]:
+    def done(future: asyncio.Future[Any]) -> None:
+        acked = time.time()
+        if future.cancelled() or future.exception() is not None:
+            return
+        appended = future.result().timestamp / 1000  # the topic's LogAppendTime
+        for seq in seqs:
+            stages.acked[seq] = (appended, acked)
+
+    return done
+
+
+async def test_where_one_events_latency_goes(
+    bench_database: str, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    namespace = f"l{uuid.uuid4().hex[:8]}"
+    await _create_log_append_topic(kafka_bootstrap, f"{namespace}.latency")
+    stages = _Stages()
+    _instrument(monkeypatch, stages)
+    config = RelayConfig(
+        database_url=bench_database,
+        kafka_bootstrap=kafka_bootstrap,
+        topic_template=f"{namespace}.{{aggregatetype}}",
+    )
+    async with running_relay(config) as running:
+        await wait_until(running.relay.ready, timeout=60)
+        await asyncio.sleep(1)
+        sent = await _write_steadily(bench_database)
+        await wait_until(lambda: len(stages.recorded) >= len(sent), timeout=60)
+    wakes = sorted(stages.wakes)
+    parts: dict[str, list[float]] = {
+        name: []
+        for name in (
+            "NOTIFY delivery (commit -> wake-up)",
+            "batching: wake-up -> fetch starts (the broker answers the batch before)",
+            "fetch (statement + rows to the relay)",
+            "to the send step (fetch ends -> mapping starts)",
+            "encode (map rows, build partition batches, hand over)",
+            "producer + network + broker append (hand-over -> LogAppendTime)",
+            "broker acknowledgement back to the relay (LogAppendTime -> ack)",
+            "total commit -> acknowledgement in the relay",
+            "bookkeeping (ack -> receipts written)",
+        )
+    }
+    names = list(parts)
+    for event_id, committed in sent.items():
+        if event_id not in stages.sent:
+            continue
+        send_started, send_ended, seq = stages.sent[event_id]
+        if seq not in stages.acked or seq not in stages.recorded:
+            continue
+        fetch_started, fetch_ended = stages.fetched[seq]
+        appended, acked = stages.acked[seq]
+        woken_at = bisect.bisect_left(wakes, committed)
+        wake = wakes[woken_at] if woken_at < len(wakes) else fetch_started
+        wake = min(wake, fetch_started)  # a fetch already under way found the row
+        values = (
+            wake - committed,
+            fetch_started - wake,
+            fetch_ended - fetch_started,
+            send_started - fetch_ended,
+            send_ended - send_started,
+            appended - send_ended,
+            acked - appended,
+            acked - committed,
+            stages.recorded[seq] - acked,
+        )
+        for name, value in zip(names, values, strict=True):
+            parts[name].append(value * 1000)
+    lines = [
+        f"\nLATENCY BREAKDOWN, relay in the test's process at its defaults, {RATE} events/s "
+        f"for {SECONDS} s ({len(parts[names[0]])} events; ms; broker times are its "
+        "LogAppendTime, ms resolution)",
+        f"  {'stage':70s} {'p50':>7s} {'p99':>7s} {'mean':>7s}",
+    ]
+    for name, values in parts.items():
+        ordered = sorted(values)
+        lines.append(
+            f"  {name:70s} {statistics.median(ordered):7.2f} {_percentile(ordered, 0.99):7.2f}"
+            f" {statistics.fmean(ordered):7.2f}"
+        )
+    print("\n".join(lines))
+    assert parts[names[0]], "no event went through every stage"

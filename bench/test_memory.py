@@ -1,4 +1,4 @@
-"""Relay memory on a 1,000,000-event backlog (target in docs/benchmarks.md: ≤ 200 MB RSS).
+"""Relay memory on a 1,000,000-event backlog (target in docs/benchmarks.md: ≤ 150 MB RSS).
 
 ``outbox-relay run`` drains the backlog in its own process while its resident set size is
 sampled from /proc; the peak is printed. Memory is bounded by design: one fetch of
@@ -67,5 +67,5 @@ async def test_relay_memory_on_a_large_backlog(
     print(
         f"\nMEMORY {BACKLOG} events of 1 KiB (backlog filled in {fill_s:.0f} s)\n"
         f"  drained in {drain_s:.0f} s ({BACKLOG / drain_s:.0f} events/s)\n"
-        f"  peak relay RSS: {peak:.0f} MB (target <= 200 MB)"
+        f"  peak relay RSS: {peak:.0f} MB (target <= 150 MB)"
     )

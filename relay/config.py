@@ -115,7 +115,10 @@ class RelayConfig:
     prune_interval_ms: int = 10_000
     drain_timeout_ms: int = 10_000
     blocking_transaction_warn_ms: int = 30_000
-    linger_ms: int = 5
+    # The relay hands the producer complete batches (one fetch, split by partition):
+    # nothing joins a batch while it lingers, so any linger is pure latency. Batches
+    # grow with load instead: a fetch takes every row that is ready, up to --batch-size.
+    linger_ms: int = 0
     compression: str | None = None
     # A direct (session) connection for LISTEN; behind a transaction pooler it is the only
     # way to get NOTIFY wake-ups (relay/wakeups.py, listen_plan).

@@ -16,10 +16,11 @@ the producer's life cycle in relay/producer.py.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -134,6 +135,8 @@ class Relay:
         self._window = InFlightWindow(config.max_in_flight_batches)
         self._last_lane_tick_ok = 0.0
         self._read_up_to = 0  # the highest seq any fetch has read
+        # Submissions the broker may not have answered yet (answered ones are dropped).
+        self._unanswered: deque[Submission] = deque()
         # How long before the local end of a lease the producer is reset if it still
         # holds records of those lanes (the local end is already earlier than the
         # database's: it counts from before the renewal was sent).
@@ -405,15 +408,33 @@ class Relay:
                 else:
                     window.give_back_slot()
                 if not full:
-                    # End of this pass. The next one starts from the beginning, which
-                    # needs the pipeline empty: wait for that, or for news.
+                    # End of this pass. The next one starts from the beginning on news (or
+                    # after a poll interval), also while batches are still in flight: its
+                    # fetches leave their rows out (_fetch). So a new event never waits for
+                    # the batches before it to be recorded, and a row this pass stepped
+                    # over (a late commit) is read before any later row of its key: the
+                    # cursor must not run on past it.
                     with anyio.move_on_after(config.poll_interval_ms / 1000):
-                        await window.wait_empty()
-                        if not self._wake.is_set():
-                            await self._wake.wait()
+                        await self._answered()
+                        await self._wake.wait()
+                    cursor = 0
         finally:
             if prefetch is not None:
                 window.give_back_slot()  # its task is cancelled with the task group
+
+    async def _answered(self) -> None:
+        """Return once the broker answered every batch handed over so far.
+
+        Batching from load: while a request is out, new rows gather in the database and go
+        out together in the next fetch, as a producer gathers records while its request is
+        in flight, instead of one fetch, one batch and one bookkeeping transaction per
+        event. Only the broker's answer is waited for, never the bookkeeping after it.
+        """
+        while self._unanswered:
+            if self._unanswered[0].unanswered():
+                # aiokafka answers with asyncio futures, which only asyncio can wait for.
+                await asyncio.wait([sent.future for sent in self._unanswered[0].batches])
+            self._unanswered.popleft()
 
     async def _fetch(self, lanes: list[int], cursor: int) -> Fetched:
         """Ready rows after ``cursor``, minus those in flight when the statement started.
@@ -461,6 +482,9 @@ class Relay:
         # Keys held since these rows were fetched are left out where the batches are built:
         # a batch built after a failure was held carries none of its keys.
         submission = await self._producer.submit(records, self._window.held_keys())
+        while self._unanswered and not self._unanswered[0].unanswered():
+            self._unanswered.popleft()  # answered: kept no longer than the window holds
+        self._unanswered.append(submission)
         submission.failures.update(rejected)
         # Hold the keys now: the next fetch may come before these failures are recorded.
         self._window.hold(rows[index].aggregateid for index in submission.failures)

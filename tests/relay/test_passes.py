@@ -3,9 +3,14 @@ continuous backlog keeps the pipeline busy (docs/relay.md, "Fetching: passes")."
 
 from __future__ import annotations
 
-import asyncpg
+from typing import Any
 
-from tests.relay.harness import fast_config, running_relay, wait_until
+import anyio
+import asyncpg
+import pytest
+
+from relay.store import RelayStore
+from tests.relay.harness import INSERT, consume, fast_config, running_relay, wait_until
 
 _BACKLOG = 30_000
 
@@ -63,3 +68,43 @@ async def _published(db: asyncpg.Connection, event_id: object) -> bool:
 
 async def _drained(db: asyncpg.Connection) -> bool:
     return await _pending(db) == 0
+
+
+async def test_a_new_event_does_not_wait_for_the_previous_batch_to_be_recorded(
+    db: asyncpg.Connection,
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Latency at light load: an event committed while the batch before it is acknowledged
+    but not yet recorded is fetched and published at once (on its NOTIFY), not after
+    that bookkeeping; the poll interval is far longer than the test may take."""
+    recording = anyio.Event()
+    release = anyio.Event()
+    record_outcome = RelayStore.record_outcome
+
+    async def held_first_record(self: RelayStore, *args: Any, **kwargs: Any) -> Any:
+        if not recording.is_set():
+            recording.set()
+            await release.wait()
+        return await record_outcome(self, *args, **kwargs)
+
+    monkeypatch.setattr(RelayStore, "record_outcome", held_first_record)
+    config = fast_config(database_url, kafka_bootstrap, topic_namespace, poll_interval_ms=60_000)
+    topic = f"{topic_namespace}.quick"
+    async with running_relay(config) as running:
+        await wait_until(running.relay.ready, timeout=30)
+        await db.execute(INSERT, "quick", "first-key", "quick.event", "{}")
+        with anyio.fail_after(30):
+            await recording.wait()  # the first batch is acknowledged; its record waits
+        await db.execute(INSERT, "quick", "second-key", "quick.event", "{}")
+        try:
+            records = await consume(kafka_bootstrap, [topic], count=2, timeout=20)
+            second_published_while_first_unrecorded = len(records) == 2
+        finally:
+            release.set()
+        await wait_until(lambda: _drained(db), timeout=30)
+    assert second_published_while_first_unrecorded, (
+        "the second event waited for the first batch's bookkeeping"
+    )
