@@ -54,11 +54,14 @@ CREATE_SLOT = "SELECT pg_create_logical_replication_slot($1, 'pgoutput')"
 SLOT_ACTIVE_PID = "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1"
 DROP_SLOT = "SELECT pg_drop_replication_slot($1)"
 TERMINATE_BACKEND = "SELECT pg_terminate_backend($1)"
-# Slots left by an interrupted earlier run of this benchmark (name prefix below), free ones.
-LEFTOVER_SLOTS = (
-    "SELECT slot_name FROM pg_replication_slots "
-    "WHERE slot_name LIKE 'outbox_bench_%' AND NOT active"
-)
+# Slots left by an interrupted earlier run of this benchmark (name prefix below): free, and
+# in a database nobody is connected to, so a run going on elsewhere (its slot is free while
+# it writes the backlog, over a connection of its own) keeps its slot.
+LEFTOVER_SLOTS = """
+SELECT s.slot_name FROM pg_replication_slots AS s
+WHERE s.slot_name LIKE 'outbox_bench_%' AND NOT s.active
+  AND NOT EXISTS (SELECT 1 FROM pg_stat_activity AS a WHERE a.datname = s.database)
+"""
 
 
 class DebeziumUnavailable(RuntimeError):
@@ -221,8 +224,7 @@ async def drop_slot(admin: asyncpg.Connection, slot: str, *, timeout: float = 60
         if row["active_pid"] is None:
             with contextlib.suppress(asyncpg.UndefinedObjectError, asyncpg.ObjectInUseError):
                 await admin.fetchval(DROP_SLOT, slot)
-            continue
-        if time.monotonic() > deadline:
+        elif time.monotonic() > deadline:
             await admin.fetchval(TERMINATE_BACKEND, row["active_pid"])
         await asyncio.sleep(0.2)
 
@@ -307,14 +309,25 @@ class ConnectStandalone:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._process is None or self._process.poll() is not None:
-                raise DebeziumUnavailable(f"Connect exited; see {self._workdir / 'logs'}")
+                raise DebeziumUnavailable(f"Connect exited: {self.first_error()}")
             state = await asyncio.to_thread(self.task_state)
             if state == "RUNNING":
                 return
             if state == "FAILED":
-                raise DebeziumUnavailable(f"connector task failed; see {self._workdir / 'logs'}")
+                raise DebeziumUnavailable(f"connector task failed: {self.first_error()}")
             await asyncio.sleep(0.5)
         raise DebeziumUnavailable(f"connector not running after {timeout:.0f} s")
+
+    def first_error(self) -> str:
+        """The first ERROR line of Connect's log (Connect hides password values), and where."""
+        log = self._workdir / "logs" / "connect.log"
+        try:
+            errors = [line for line in log.read_text().splitlines() if "ERROR" in line]
+        except OSError:
+            errors = []
+        # This one is logged for any role without the REPLICATION attribute, superusers too.
+        errors = [line for line in errors if "roles LOGIN and REPLICATION" not in line]
+        return f"{errors[0][:300] if errors else 'no ERROR line'} (log: {log})"
 
     def peak_rss_mb(self) -> float | None:
         """The JVM's peak resident set so far (VmHWM), in MB."""
