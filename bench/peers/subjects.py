@@ -90,7 +90,7 @@ class OutboxSubject:
     async def emit(self, lane: int, n: int) -> str:
         """Commit one event (writer connections opened on first use)."""
         if self._writers is None:
-            self._writers = await OutboxWriters(self.database_url, 4).__aenter__()
+            self._writers = await OutboxWriters(self.database_url, self._lanes).__aenter__()
         return await self._writers.emit(lane, n)
 
     async def cleanup(self) -> None:
