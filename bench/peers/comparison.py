@@ -1,0 +1,200 @@
+"""The peer comparison: the same two measurements for every system, runs alternated.
+
+(a) Catch-up: a backlog is written while the system is stopped; the system starts; the rate
+    is the backlog over the span from the broker's first to its last append (start-up left
+    out, it is reported apart as the wall time from start to the last record).
+(b) Latency: the running system is fed single events at a steady rate; each event's broker
+    append time minus the moment its COMMIT (or ``send()``) returned.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.peers import measure
+from bench.peers.subjects import (
+    DebeziumSubject,
+    RawProducerSubject,
+    RelaySubject,
+    Subject,
+    topic_of,
+)
+from bench.peers.workload import DRAIN_AGGREGATE, LATENCY_AGGREGATE, paced
+
+logger = logging.getLogger(__name__)
+
+WRITER_LANES = 4
+WARMUP_EVENTS = 20
+REST_PORTS = range(26301, 26400)  # Kafka Connect's REST listener, one port per worker start
+
+# The systems in the order of run 1; each later run starts one further along, so no system
+# always goes first (or last) on the busy machine.
+SYSTEMS = ("relay", "debezium-poll1ms", "debezium-poll10ms", "raw-send", "raw-send_batch")
+# The batch API is a throughput ceiling; for latency one record per batch says nothing new.
+LATENCY_SYSTEMS = ("relay", "debezium-poll1ms", "debezium-poll10ms", "raw-send")
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How big a comparison is, and of what (BENCH_EVENTS, _RUNS, _RATE, _SECONDS, _SYSTEMS)."""
+
+    events: int = 200_000
+    runs: int = 3
+    rate: int = 1000
+    seconds: int = 20
+    warmup_seconds: int = 5
+    systems: tuple[str, ...] = SYSTEMS
+
+    def latency_systems(self) -> tuple[str, ...]:
+        """The selected systems whose latency is measured."""
+        return tuple(s for s in self.systems if s in LATENCY_SYSTEMS)
+
+    def measurements(self) -> int:
+        """How many rows of figures a complete comparison yields."""
+        return self.runs * (len(self.systems) + len(self.latency_systems()))
+
+    @classmethod
+    def from_env(cls) -> Scale:
+        """The scale the environment asks for (defaults: the issue's)."""
+        return cls(
+            events=int(os.environ.get("BENCH_EVENTS", "200000")),
+            runs=int(os.environ.get("BENCH_RUNS", "3")),
+            rate=int(os.environ.get("BENCH_RATE", "1000")),
+            seconds=int(os.environ.get("BENCH_SECONDS", "20")),
+            warmup_seconds=int(os.environ.get("BENCH_WARMUP_SECONDS", "5")),
+            systems=tuple(os.environ.get("BENCH_SYSTEMS", ",".join(SYSTEMS)).split(",")),
+        )
+
+
+def run_order(systems: tuple[str, ...], run: int) -> list[str]:
+    """Run ``run`` (from 0) starts ``run`` places further along the list."""
+    shift = run % len(systems)
+    return list(systems[shift:] + systems[:shift])
+
+
+@dataclass
+class Comparison:
+    """Builds the subjects and collects every run's raw figures."""
+
+    server_url: str
+    bootstrap: str
+    workdir: Path
+    scale: Scale
+    results: list[dict[str, Any]] = field(default_factory=list)
+    _ports: list[int] = field(default_factory=lambda: list(REST_PORTS))
+
+    def subject(self, name: str) -> Subject:
+        """A fresh subject of that name."""
+        if name == "relay":
+            return RelaySubject(self.server_url, self.bootstrap, self.workdir)
+        if name.startswith("debezium-poll"):
+            poll_ms = int(name.removeprefix("debezium-poll").removesuffix("ms"))
+            port = self._ports.pop(0)
+            return DebeziumSubject(
+                self.server_url, self.bootstrap, self.workdir, poll_ms=poll_ms, rest_port=port
+            )
+        return RawProducerSubject(self.bootstrap, batch_api=name == "raw-send_batch")
+
+    async def run(self, progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
+        """Every run: the catch-up of every system, then the latency of every system."""
+        for run in range(self.scale.runs):
+            for name in run_order(self.scale.systems, run):
+                figures = await drain(self.subject(name), self.bootstrap, self.scale)
+                self._keep(run, name, "drain", figures, progress)
+            for name in run_order(self.scale.latency_systems(), run):
+                figures = await latency(self.subject(name), self.bootstrap, self.scale)
+                self._keep(run, name, "latency", figures, progress)
+        return self.results
+
+    def _keep(
+        self,
+        run: int,
+        name: str,
+        phase: str,
+        figures: dict[str, Any],
+        progress: Callable[[str], None],
+    ) -> None:
+        row = {"run": run + 1, "system": name, "phase": phase, **figures}
+        self.results.append(row)
+        shown = ", ".join(
+            f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items()
+        )
+        progress(f"run {run + 1} {phase:7} {name:18} {shown}")
+
+
+async def drain(subject: Subject, bootstrap: str, scale: Scale) -> dict[str, Any]:
+    """(a) the backlog written while stopped, then the time until all of it is on the broker."""
+    topic = topic_of(subject, DRAIN_AGGREGATE)
+    try:
+        await subject.prepare()
+        await measure.create_topic(bootstrap, topic)
+        await subject.load_backlog(scale.events)
+        started = time.monotonic()
+        await subject.start()
+        done = await measure.wait_for_count(
+            bootstrap, topic, scale.events, timeout=180 + scale.events / 200, alive=subject.alive
+        )
+        rss = subject.peak_rss_mb()
+        await subject.stop()
+        first_ms, last_ms = await measure.append_span_ms(bootstrap, topic)
+    finally:
+        await subject.stop()
+        await subject.cleanup()
+    span_s = max(last_ms - first_ms, 1) / 1000
+    wall_s = done - started
+    return {
+        "events": scale.events,
+        "rate": scale.events / span_s,
+        "span_s": span_s,
+        "wall_s": wall_s,
+        "wall_rate": scale.events / wall_s,
+        "peak_rss_mb": rss,
+    }
+
+
+async def latency(subject: Subject, bootstrap: str, scale: Scale) -> dict[str, Any]:
+    """(b) the running system fed a steady rate; commit → broker append per event."""
+    topic = topic_of(subject, LATENCY_AGGREGATE)
+    try:
+        await subject.prepare()
+        await measure.create_topic(bootstrap, topic)
+        await subject.start()
+        # Warm up at the measured rate, not counted: connections made, metadata known, a
+        # JVM's hot paths compiled. Every system gets the same.
+        for n in range(WARMUP_EVENTS):
+            await subject.emit(n % WRITER_LANES, n)
+        await measure.wait_for_count(
+            bootstrap, topic, WARMUP_EVENTS, timeout=180, alive=subject.alive
+        )
+        warmup = await paced(
+            subject.emit, rate=scale.rate, seconds=scale.warmup_seconds, lanes=WRITER_LANES
+        )
+        sent = await paced(subject.emit, rate=scale.rate, seconds=scale.seconds, lanes=WRITER_LANES)
+        await measure.wait_for_count(
+            bootstrap,
+            topic,
+            WARMUP_EVENTS + len(warmup) + len(sent),
+            timeout=180,
+            alive=subject.alive,
+        )
+        rss = subject.peak_rss_mb()
+        appended = await measure.append_times_by_id(bootstrap, topic, timeout=120)
+    finally:
+        await subject.stop()
+        await subject.cleanup()
+    values = measure.latencies_ms(sent, appended)
+    missing = len(sent) - len(values)
+    if missing:
+        raise AssertionError(f"{subject.name}: {missing} of {len(sent)} events not read back")
+    summary = measure.summarize(values)
+    return {
+        **asdict(summary),
+        "achieved_rate": len(sent) / scale.seconds,
+        "peak_rss_mb": rss,
+    }

@@ -1,0 +1,285 @@
+"""PASS or FAIL per performance target of the peer comparison, and its plot.
+
+Reads the raw figures that bench/test_peers.py keeps (docs/bench/results.json), takes every
+ratio within one run (the same machine state for every system of that run), and judges each
+target on the median of those ratios over the runs. Absolute figures are printed too, as
+medians, but they are noise on a shared machine; the ratios are the result.
+
+    python -m bench.report [results.json] [--plot docs/bench/peers.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import operator
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DOCS_BENCH = Path(__file__).resolve().parents[1] / "docs" / "bench"
+RESULTS = DOCS_BENCH / "results.json"
+PLOT = DOCS_BENCH / "peers.png"
+# Hook for the sidecar's cost (measured by bench/test_health_cost.py, not here): a JSON object
+# {"ratio": <steady state with 1,000,000 terminal jobs / empty history>, "ratio_grace_0": ...}.
+HEALTH_COST = DOCS_BENCH / "health_cost.json"
+
+RELAY = "relay"
+DEBEZIUM_LATENCY_TUNED = "debezium-poll1ms"
+DEBEZIUMS = ("debezium-poll1ms", "debezium-poll10ms")
+RAW_SEND = "raw-send"
+RAW_BATCH = "raw-send_batch"
+RSS_EVENTS = 1_000_000  # the memory target's backlog
+RSS_BOUND_MB = 150.0
+
+Rows = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One line of the issue's target table: a ratio within a run and its bound."""
+
+    label: str
+    ratio: str  # key of per_run_ratios()
+    compare: str  # "<=" or ">=", or "" for a ratio that is only reported
+    bound: float
+
+
+TARGETS = (
+    Target("latency p50: relay / Debezium (poll 1 ms)", "p50_vs_debezium", "<=", 1.2),
+    Target("latency p99: relay / Debezium (poll 1 ms)", "p99_vs_debezium", "<=", 0.8),
+    Target("drain: relay / raw send()", "drain_vs_send", ">=", 0.9),
+    Target("drain: relay / Debezium catch-up (faster of the two)", "drain_vs_debezium", ">=", 4.0),
+    Target("drain: relay / raw send_batch()", "drain_vs_send_batch", "", 0.0),
+    Target("latency p50: relay / Debezium (poll 10 ms)", "p50_vs_debezium10", "", 0.0),
+    Target("latency p99: relay / Debezium (poll 10 ms)", "p99_vs_debezium10", "", 0.0),
+)
+
+_COMPARE: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": operator.ge}
+
+
+def verdict(value: float | None, compare: str, bound: float) -> str:
+    """PASS/FAIL against the bound; 'info' for a reported-only ratio; 'n/a' without figures."""
+    if value is None:
+        return "n/a"
+    if not compare:
+        return "info"
+    return "PASS" if _COMPARE[compare](value, bound) else "FAIL"
+
+
+def _figure(rows: Rows, run: int, system: str, phase: str, key: str) -> float | None:
+    for row in rows:
+        if row["run"] == run and row["system"] == system and row["phase"] == phase:
+            value = row.get(key)
+            return float(value) if value is not None else None
+    return None
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
+
+
+def per_run_ratios(rows: Rows, run: int) -> dict[str, float | None]:
+    """Every target's ratio within one run; None where a system of it was not measured."""
+    relay_rate = _figure(rows, run, RELAY, "drain", "rate")
+    debezium_rates = [
+        rate
+        for name in DEBEZIUMS
+        if (rate := _figure(rows, run, name, "drain", "rate")) is not None
+    ]
+    ratios = {
+        "drain_vs_send": _ratio(relay_rate, _figure(rows, run, RAW_SEND, "drain", "rate")),
+        "drain_vs_send_batch": _ratio(relay_rate, _figure(rows, run, RAW_BATCH, "drain", "rate")),
+        "drain_vs_debezium": _ratio(relay_rate, max(debezium_rates, default=None)),
+    }
+    for key, other in (("", DEBEZIUM_LATENCY_TUNED), ("10", "debezium-poll10ms")):
+        for pct in ("p50", "p99"):
+            ratios[f"{pct}_vs_debezium{key}"] = _ratio(
+                _figure(rows, run, RELAY, "latency", pct), _figure(rows, run, other, "latency", pct)
+            )
+    return ratios
+
+
+def median_or_none(values: Iterable[float | None]) -> float | None:
+    """The median of the known values."""
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def runs_of(rows: Rows) -> list[int]:
+    """The run numbers present, in order."""
+    return sorted({int(row["run"]) for row in rows})
+
+
+def median_figure(rows: Rows, system: str, phase: str, key: str) -> float | None:
+    """The median over runs of one system's figure."""
+    return median_or_none(_figure(rows, run, system, phase, key) for run in runs_of(rows))
+
+
+def rss_line(rows: Rows, events: int) -> tuple[str, str]:
+    """The relay's memory while draining: judged only on the target's 1,000,000 events."""
+    peak = median_figure(rows, RELAY, "drain", "peak_rss_mb")
+    if peak is None:
+        return "n/a", "not measured"
+    if events >= RSS_EVENTS:
+        return verdict(peak, "<=", RSS_BOUND_MB), f"{peak:.0f} MB peak (bound {RSS_BOUND_MB:.0f})"
+    return "info", (
+        f"{peak:.0f} MB peak on {events:,} events; the target's 1,000,000 are "
+        "bench/test_memory.py's"
+    )
+
+
+def health_cost_line(path: Path = HEALTH_COST) -> tuple[str, str]:
+    """The sidecar target, from the figures bench/test_health_cost.py leaves (if any)."""
+    if not path.is_file():
+        return "n/a", "measured by bench/test_health_cost.py (no docs/bench/health_cost.json)"
+    figures = json.loads(path.read_text())
+    ratio = figures.get("ratio")
+    shown = f"{ratio:.2f}x" if ratio is not None else "?"
+    if figures.get("ratio_grace_0") is not None:
+        shown += f" (grace_ms = 0: {figures['ratio_grace_0']:.2f}x)"
+    return verdict(ratio, "<=", 1.5), shown
+
+
+def report_lines(document: dict[str, Any]) -> list[str]:
+    """The printed report: the targets with their median ratios, then the medians."""
+    rows: Rows = document["runs"]
+    scale = document.get("scale", {})
+    runs = runs_of(rows)
+    per_run = [per_run_ratios(rows, run) for run in runs]
+    lines = [
+        f"PEER COMPARISON {scale.get('events', '?'):,} events, {len(runs)} runs, latency at "
+        f"{scale.get('rate', '?')}/s for {scale.get('seconds', '?')} s "
+        f"(measured {document.get('measured_at', '?')})",
+        "",
+        f"{'':6} {'target':56} {'median':>8}  {'bound':>7}  per run",
+    ]
+    for target in TARGETS:
+        median = median_or_none(r[target.ratio] for r in per_run)
+        each = " ".join(
+            "-" if r[target.ratio] is None else f"{r[target.ratio]:.2f}" for r in per_run
+        )
+        bound = f"{target.compare} {target.bound:g}" if target.compare else ""
+        shown = "-" if median is None else f"{median:.2f}"
+        lines.append(
+            f"{verdict(median, target.compare, target.bound):6} {target.label:56} {shown:>8}  {bound:>7}  {each}"
+        )
+    for label, (mark, text) in (
+        (
+            "relay RSS draining (<= 150 MB on 1,000,000)",
+            rss_line(rows, int(scale.get("events", 0))),
+        ),
+        ("sidecar steady state, 1,000,000 terminal jobs (<= 1.5x)", health_cost_line()),
+    ):
+        lines.append(f"{mark:6} {label:56} {text}")
+    lines += [
+        "",
+        f"{'medians':18} {'drain ev/s':>11} {'wall ev/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'p99.9 ms':>9} {'RSS MB':>7}",
+    ]
+    for system in (RELAY, *DEBEZIUMS, RAW_SEND, RAW_BATCH):
+        cells = [
+            median_figure(rows, system, "drain", "rate"),
+            median_figure(rows, system, "drain", "wall_rate"),
+            median_figure(rows, system, "latency", "p50"),
+            median_figure(rows, system, "latency", "p99"),
+            median_figure(rows, system, "latency", "p999"),
+            median_figure(rows, system, "drain", "peak_rss_mb"),
+        ]
+        widths = (11, 10, 8, 8, 9, 7)
+        formats = (".0f", ".0f", ".1f", ".1f", ".1f", ".0f")
+        text = " ".join(
+            f"{'-' if v is None else format(v, f):>{w}}"
+            for v, w, f in zip(cells, widths, formats, strict=True)
+        )
+        lines.append(f"{system:18} {text}")
+    return lines
+
+
+def plot(document: dict[str, Any], path: Path) -> None:
+    """Latency percentiles and drain rate per system, medians over runs, runs as dots."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows: Rows = document["runs"]
+    scale = document.get("scale", {})
+    systems = [
+        s for s in (RELAY, *DEBEZIUMS, RAW_SEND, RAW_BATCH) if any(r["system"] == s for r in rows)
+    ]
+    colours = {
+        RELAY: "#1f77b4",
+        "debezium-poll1ms": "#d62728",
+        "debezium-poll10ms": "#ff7f0e",
+        RAW_SEND: "#2ca02c",
+        RAW_BATCH: "#7f7f7f",
+    }
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+
+    percentiles = (("p50", "p50"), ("p90", "p90"), ("p99", "p99"), ("p999", "p99.9"))
+    latency_systems = [s for s in systems if median_figure(rows, s, "latency", "p50") is not None]
+    width = 0.8 / max(len(latency_systems), 1)
+    for i, system in enumerate(latency_systems):
+        xs = [j + i * width for j in range(len(percentiles))]
+        medians = [median_figure(rows, system, "latency", key) or 0.0 for key, _ in percentiles]
+        left.bar(xs, medians, width, label=system, color=colours[system])
+        for j, (key, _) in enumerate(percentiles):
+            points = [_figure(rows, run, system, "latency", key) for run in runs_of(rows)]
+            left.scatter([xs[j]] * len(points), points, s=8, color="black", zorder=3)
+    left.set_xticks([j + width * (len(latency_systems) - 1) / 2 for j in range(len(percentiles))])
+    left.set_xticklabels([label for _, label in percentiles])
+    left.set_yscale("log")
+    left.set_ylabel("commit → broker append, ms (log)")
+    left.set_title(f"latency at {scale.get('rate', '?')} events/s")
+    left.legend(fontsize=8)
+
+    drain_systems = [s for s in systems if median_figure(rows, s, "drain", "rate") is not None]
+    medians = [median_figure(rows, s, "drain", "rate") or 0.0 for s in drain_systems]
+    right.bar(range(len(drain_systems)), medians, color=[colours[s] for s in drain_systems])
+    for i, system in enumerate(drain_systems):
+        points = [_figure(rows, run, system, "drain", "rate") for run in runs_of(rows)]
+        right.scatter([i] * len(points), points, s=8, color="black", zorder=3)
+    right.set_xticks(range(len(drain_systems)))
+    right.set_xticklabels(drain_systems, rotation=20, fontsize=8)
+    right.set_ylabel("events/s (first → last broker append)")
+    right.set_title(f"backlog catch-up, {scale.get('events', '?'):,} x 1 KiB")
+
+    figure.suptitle(
+        f"relay vs Debezium vs raw aiokafka producer — medians of {len(runs_of(rows))} runs "
+        f"(dots: each run), {document.get('measured_at', '')}",
+        fontsize=10,
+    )
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def write_results(path: Path, document: dict[str, Any]) -> None:
+    """Keep one comparison's raw figures as JSON."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=1) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the report and draw the plot."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="?", type=Path, default=RESULTS)
+    parser.add_argument("--plot", type=Path, default=PLOT)
+    args = parser.parse_args(argv)
+    if not args.results.is_file():
+        print(f"no peer-comparison figures at {args.results}: run `make bench` first")
+        return 1
+    document = json.loads(args.results.read_text())
+    print("\n".join(report_lines(document)))
+    plot(document, args.plot)
+    print(f"\nplot: {args.plot}\nraw figures: {args.results}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,126 @@
+"""The peer comparison's pure decisions: verdicts, ratios within a run, percentiles, settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.peers import debezium
+from bench.peers.comparison import SYSTEMS, Scale, run_order
+from bench.peers.measure import latencies_ms, percentile
+from bench.report import median_or_none, per_run_ratios, rss_line, verdict
+
+
+@pytest.mark.parametrize(
+    ("value", "compare", "bound", "expected"),
+    [
+        (1.2, "<=", 1.2, "PASS"),
+        (1.21, "<=", 1.2, "FAIL"),
+        (0.9, ">=", 0.9, "PASS"),
+        (0.89, ">=", 0.9, "FAIL"),
+        (0.24, "", 0.0, "info"),
+        (None, "<=", 1.2, "n/a"),
+    ],
+)
+def test_verdict(value: float | None, compare: str, bound: float, expected: str) -> None:
+    assert verdict(value, compare, bound) == expected
+
+
+def _row(run: int, system: str, phase: str, **figures: float) -> dict[str, object]:
+    return {"run": run, "system": system, "phase": phase, **figures}
+
+
+def test_ratios_are_taken_within_one_run() -> None:
+    rows = [
+        _row(1, "relay", "drain", rate=30_000),
+        _row(1, "raw-send", "drain", rate=40_000),
+        _row(1, "raw-send_batch", "drain", rate=120_000),
+        _row(1, "debezium-poll1ms", "drain", rate=6_000),
+        _row(1, "debezium-poll10ms", "drain", rate=7_500),
+        _row(1, "relay", "latency", p50=4.0, p99=20.0),
+        _row(1, "debezium-poll1ms", "latency", p50=2.0, p99=10.0),
+        _row(1, "debezium-poll10ms", "latency", p50=8.0, p99=40.0),
+        # Another run's figures never enter run 1's ratios.
+        _row(2, "raw-send", "drain", rate=1),
+    ]
+    ratios = per_run_ratios(rows, 1)
+    assert ratios["drain_vs_send"] == pytest.approx(0.75)
+    assert ratios["drain_vs_send_batch"] == pytest.approx(0.25)
+    # Judged against the faster Debezium of the run.
+    assert ratios["drain_vs_debezium"] == pytest.approx(4.0)
+    assert ratios["p50_vs_debezium"] == pytest.approx(2.0)
+    assert ratios["p99_vs_debezium10"] == pytest.approx(0.5)
+    assert per_run_ratios(rows, 2)["drain_vs_send"] is None
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"), [([1.0, None, 3.0], 2.0), ([None], None), ([0.7, 0.9, 0.8], 0.8)]
+)
+def test_median_ignores_missing_runs(values: list[float | None], expected: float | None) -> None:
+    assert median_or_none(values) == expected
+
+
+@pytest.mark.parametrize(
+    ("events", "peak", "mark"),
+    [(1_000_000, 58.0, "PASS"), (1_000_000, 151.0, "FAIL"), (200_000, 400.0, "info")],
+)
+def test_rss_is_judged_only_on_the_targets_backlog(events: int, peak: float, mark: str) -> None:
+    rows = [_row(1, "relay", "drain", peak_rss_mb=peak)]
+    assert rss_line(rows, events)[0] == mark
+
+
+@pytest.mark.parametrize(
+    ("pct", "expected"), [(50, 50.0), (99, 99.0), (99.9, 100.0), (100, 100.0), (1, 1.0)]
+)
+def test_percentile_is_nearest_rank(pct: float, expected: float) -> None:
+    assert percentile([float(v) for v in range(1, 101)], pct) == expected
+
+
+def test_latency_counts_only_events_both_sides_know() -> None:
+    sent = {"a": 1.000, "b": 2.000}
+    appended = {"a": 1_004, "c": 9_999}
+    assert latencies_ms(sent, appended) == [pytest.approx(4.0)]
+
+
+def test_runs_alternate_which_system_goes_first() -> None:
+    firsts = [run_order(SYSTEMS, run)[0] for run in range(len(SYSTEMS))]
+    assert sorted(firsts) == sorted(SYSTEMS)
+    assert sorted(run_order(SYSTEMS, 3)) == sorted(SYSTEMS)
+
+
+def test_scale_counts_the_measurements_of_the_selected_systems() -> None:
+    assert Scale(runs=3).measurements() == 3 * (5 + 4)
+    assert Scale(runs=2, systems=("relay", "raw-send_batch")).measurements() == 2 * 3
+
+
+def test_connector_maps_the_event_router_to_our_outbox_table() -> None:
+    db = debezium.peer_database("postgresql://u%40x:p%3Aw@db.local:6543/peer", "outbox_bench_x")
+    assert (db.host, db.port, db.user, db.password, db.dbname) == (
+        "db.local",
+        6543,
+        "u@x",
+        "p:w",
+        "peer",
+    )
+    props = debezium.connector_properties(db, "ns1", poll_interval_ms=1)
+    assert props["plugin.name"] == "pgoutput"
+    assert props["publication.name"] == "outbox_bench_x_pub"
+    assert props["table.include.list"] == "public.outbox"
+    assert props["poll.interval.ms"] == "1"
+    assert props["transforms.outbox.table.field.event.key"] == "aggregateid"
+    assert props["transforms.outbox.table.field.event.payload"] == "payload"
+    assert props["transforms.outbox.route.by.field"] == "aggregatetype"
+    assert props["transforms.outbox.route.topic.replacement"] == "ns1.${routedByValue}"
+
+
+def test_worker_producer_matches_the_relays_guarantees() -> None:
+    props = debezium.worker_properties("127.0.0.1:9092", Path("/w"), 26301)
+    assert props["producer.acks"] == "all"
+    assert props["producer.enable.idempotence"] == "true"
+    assert props["producer.linger.ms"] == "0"
+    assert props["listeners"] == "http://127.0.0.1:26301"
+
+
+def test_properties_escape_backslashes() -> None:
+    assert debezium.render_properties({"a": "x\\y", "b": "z"}) == "a=x\\\\y\nb=z\n"
