@@ -4,6 +4,7 @@ backlog and each family's classification over the run, fault windows marked."""
 from __future__ import annotations
 
 import datetime
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,8 @@ def summary_lines(r: SoakResult) -> list[str]:
     lines = [
         f"soak {'PASSED' if r.passed else 'FAILED'}: {r.config.seconds:.0f} s of load "
         f"(whole run {r.elapsed_s:.0f} s), seed {r.config.seed}, commit {r.commit}",
+        f"machine: {os.cpu_count()} cores, 1-minute load average {r.load[0]:.1f} at the start, "
+        f"{r.load[1]:.1f} at the end",
         f"events committed: {a.events} (commits in doubt resolved: {r.doubtful_commits}); "
         f"records read: {a.records}; terminal scoring jobs: {a.terminal_jobs}",
         f"lost: {len(a.lost)}",

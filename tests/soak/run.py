@@ -33,7 +33,7 @@ from tests.faults.harness import RelayProcess, Relays
 from tests.soak.audit import AuditResult, Committed, Record, audit
 from tests.soak.health_truth import HealthSample, HealthVerdict, LivezSample, judge
 from tests.soak.schedule import WORKER_LEASE_S, Fault, FaultKind, build_schedule
-from tests.soak.scoring_worker import EVENT
+from tests.soak.scoring_worker import DATABASE_ERRORS, EVENT
 from tests.soak.services import REPO, Ports, SoakServices, wait_kafka, wait_postgres
 from tests.support.faultproxy import FaultProxy
 
@@ -94,13 +94,14 @@ INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)
 VALUES ($1, $2, $3, 'changed', $4::jsonb)
 """
 VERSION_OF = "SELECT version FROM soak_aggregate WHERE id = $1"
-# Relay sessions name themselves; the LISTEN one shows its last statement.
-TERMINATE_RELAY_SESSIONS = """
-SELECT count(*) AS terminated,
-       count(*) FILTER (WHERE query ILIKE 'LISTEN%') AS listen
-FROM pg_stat_activity
-WHERE application_name = 'outbox-relay' AND pg_terminate_backend(pid)
+# Relay sessions name themselves; the LISTEN one shows its last statement. The sessions are
+# listed first and terminated in a second statement: within one WHERE the planner may call
+# pg_terminate_backend before the name test and end every session, this one included.
+RELAY_SESSIONS = """
+SELECT pid, query ILIKE 'LISTEN%' AS listen FROM pg_stat_activity
+WHERE application_name = 'outbox-relay'
 """
+TERMINATE = "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM unnest($1::int[]) AS pid"
 LEASED_BY = """
 SELECT count(*) FROM scoring_job_state WHERE scoring_state = 'leased' AND active_worker_ref = $1
 """
@@ -152,6 +153,7 @@ class SoakResult:
     elapsed_s: float
     drained: bool
     doubtful_commits: int = 0
+    load: tuple[float, float] = (0.0, 0.0)  # 1-minute load average at the start and the end
 
     @property
     def passed(self) -> bool:
@@ -206,6 +208,7 @@ class Soak:
         self.slots: list[_Slot] = []
         self.workers: list[_Worker] = []
         self.doubtful = 0
+        self.load_at_start = 0.0
         self.proxy: FaultProxy | None = None
         self.relays: Relays | None = None
 
@@ -290,7 +293,7 @@ class Soak:
                     await conn.execute(
                         INSERT_EVENT, event_id, aggregatetype, key, json.dumps({"n": version})
                     )
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+            except DATABASE_ERRORS:
                 if conn is not None:
                     conn.terminate()
                 conn = None
@@ -320,7 +323,7 @@ class Soak:
                     return await conn.fetchval(VERSION_OF, key) == version
                 finally:
                     await conn.close()
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+            except DATABASE_ERRORS:
                 await asyncio.sleep(0.5)
 
     async def _with_db(self, what: str, fn: Any) -> Any:
@@ -331,7 +334,7 @@ class Soak:
                 return await fn(conn)
             finally:
                 await conn.close()
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+        except DATABASE_ERRORS as exc:
             log.info("%s: %s: %s", what, type(exc).__name__, exc)
             return None
 
@@ -544,11 +547,16 @@ class Soak:
             self.proxy.heal()
             return f"relay0's path stalled {fault.window:.0f}s, {cut} connections cut"
         if kind is FaultKind.TERMINATE_BACKENDS:
-            row = await self._with_db("terminate", lambda c: c.fetchrow(TERMINATE_RELAY_SESSIONS))
+
+            async def terminate(conn: asyncpg.Connection) -> str:
+                sessions = await conn.fetch(RELAY_SESSIONS)
+                ended = await conn.fetchval(TERMINATE, [row["pid"] for row in sessions])
+                listening = sum(1 for row in sessions if row["listen"])
+                return f"{ended} relay sessions terminated ({listening} of them LISTEN)"
+
+            note = await self._with_db("terminate", terminate)
             await self._until_end(fault)
-            if row is None:
-                return "database unreachable"
-            return f"{row['terminated']} relay sessions terminated ({row['listen']} LISTEN)"
+            return note or "database unreachable"
         if kind is FaultKind.WORKER_KILL:
             worker = self.workers[fault.target]
             self.reaper_paused = True
@@ -572,6 +580,7 @@ class Soak:
 
     async def run(self) -> SoakResult:
         started = time.monotonic()
+        self.load_at_start = os.getloadavg()[0]
         await self.services.start()
         try:
             return await self._run(started)
@@ -664,6 +673,7 @@ class Soak:
             elapsed_s=time.monotonic() - started,
             drained=drained,
             doubtful_commits=self.doubtful,
+            load=(self.load_at_start, os.getloadavg()[0]),
         )
 
     async def _drain(self) -> bool:

@@ -18,6 +18,16 @@ from scoring.errors import ScoringWriteError
 from scoring.worker import claim_next_due, fail_retryable
 from scoring.writer import EventDetails, complete_job, fail_job_permanently
 
+# What a database restart or a terminated session raises, down to asyncpg's complaint about
+# a connection left mid-operation by the one before.
+DATABASE_ERRORS = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+)
+
 EVENT = EventDetails(
     source="urn:outbox-relay:soak",
     tenant_ref="tenant-soak",
@@ -67,7 +77,7 @@ async def work(url: str, worker_ref: str, lease_ms: int) -> None:
                 )
         except ScoringWriteError:
             continue  # the reaper ended our lease first: the job is someone else's now
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+        except DATABASE_ERRORS:
             # The database restarted or our session was terminated: connect again.
             if conn is not None:
                 conn.terminate()
