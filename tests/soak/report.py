@@ -35,7 +35,7 @@ def summary_lines(r: SoakResult) -> list[str]:
         f"duplicates: {a.duplicates} ({_counts(a.duplicates_by_fault)}; unexplained: "
         f"{a.unexplained_duplicates})",
         f"drained at the end: {'yes' if r.drained else 'NO'}",
-        f"faults: {len(r.faults)} ({_counts(_kinds(r))})",
+        f"faults: {len(r.health.recovery_s)} ({_counts(_kinds(r))})",
         "recovery to all families within bounds (s): "
         + (
             f"max {max(recoveries):.1f}, mean {sum(recoveries) / len(recoveries):.1f} "
@@ -44,10 +44,12 @@ def summary_lines(r: SoakResult) -> list[str]:
             else "none measured"
         ),
         f"health expectations broken: {len(r.health.broken)}",
+        f"processes that exited by themselves: {len(r.unexpected_exits)}",
     ]
+    lines += [f"  - {e}" for e in r.unexpected_exits]
     lines += [f"  - {b}" for b in r.health.broken]
     lines += [f"  lost id {i}" for i in a.lost[:10]]
-    lines += [f"  order: {v}" for v in a.order_violations[:10]]
+    lines += [f"  order: {_short(v)}" for v in a.order_violations[:10]]
     lines += [f"  jobs: {p}" for p in a.job_problems[:10]]
     return lines
 
@@ -59,6 +61,8 @@ def _counts(counter: dict[str, int]) -> str:
 def _kinds(r: SoakResult) -> dict[str, int]:
     kinds: dict[str, int] = {}
     for f in r.faults:
+        if f.started is None:
+            continue
         kinds[f.fault.kind.value] = kinds.get(f.fault.kind.value, 0) + 1
     return kinds
 
@@ -95,15 +99,18 @@ def markdown(r: SoakResult) -> str:
         "",
         "## Faults",
         "",
-        "| # | at (s) | fault | window (s) | what happened | health expected and seen | recovered after (s) |",
+        "| # | at (s) | fault | lasted (s) | what happened | health expected and seen | recovered after (s) |",
         "|---|---|---|---|---|---|---|",
     ]
-    for i, record in enumerate(r.faults):
+    done = [record for record in r.faults if record.started is not None]
+    for i, record in enumerate(done):
         f = record.fault
+        assert record.started is not None and record.ended is not None
         seen = ", ".join(r.health.seen_expected[i]) if i < len(r.health.seen_expected) else ""
         recovery = r.health.recovery_s[i] if i < len(r.health.recovery_s) else None
         out.append(
-            f"| {i} | {f.start:.0f} | {f.kind.value} | {f.window:.0f} | {record.note} | "
+            f"| {i} | {record.started:.0f} | {f.kind.value} | {record.ended - record.started:.0f} "
+            f"| {record.note} | "
             f"{seen or '—'} | {'—' if recovery is None else f'{recovery:.1f}'} |"
         )
     out += [
@@ -186,3 +193,14 @@ def plot(r: SoakResult, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def _short(violation: str) -> str:
+    """A key's violation without its whole history: the key and where the order breaks."""
+    key, _, rest = violation.partition(": ")
+    if not rest.startswith("first occurrences ["):
+        return violation[:300]
+    firsts = [int(n) for n in rest[len("first occurrences [") : rest.index("]")].split(", ") if n]
+    breaks = [i for i in range(1, len(firsts)) if firsts[i] != firsts[i - 1] + 1]
+    around = firsts[max(0, breaks[0] - 2) : breaks[0] + 4] if breaks else firsts[-5:]
+    return f"{key}: first occurrences ... {around} ... (of {len(firsts)})"

@@ -20,7 +20,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -154,10 +154,13 @@ class SoakResult:
     drained: bool
     doubtful_commits: int = 0
     load: tuple[float, float] = (0.0, 0.0)  # 1-minute load average at the start and the end
+    unexpected_exits: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        return self.audit.passed and self.health.passed and self.drained
+        return (
+            self.audit.passed and self.health.passed and self.drained and not self.unexpected_exits
+        )
 
 
 @dataclass
@@ -209,6 +212,7 @@ class Soak:
         self.workers: list[_Worker] = []
         self.doubtful = 0
         self.load_at_start = 0.0
+        self.unexpected_exits: list[str] = []
         self.proxy: FaultProxy | None = None
         self.relays: Relays | None = None
 
@@ -452,6 +456,14 @@ class Soak:
             for slot in self.slots:
                 if slot.process is None:
                     continue
+                code = slot.process.process.poll()
+                if slot.live and code is not None:
+                    # A relay that ends without being told to is a finding, not a fault.
+                    slot.live = False
+                    self.unexpected_exits.append(
+                        f"relay{slot.index}-{slot.incarnation} exited by itself with code "
+                        f"{code} at {t:.0f}s"
+                    )
                 live = await self._get(slot.port, "/livez")
                 expected = slot.live and t - slot.live_since > 15
                 self.livez.append(
@@ -488,9 +500,15 @@ class Soak:
 
     # -- faults ---------------------------------------------------------------------------
     async def _faults(self) -> None:
+        # A fault that overran its window (a broker slow to come back) pushes the later ones
+        # back by as much, so each still gets its quiet gap to recover in.
+        late = 0.0
         for record in self.fault_records:
             fault = record.fault
-            delay = fault.start - self.now()
+            if fault.start + late > self.config.seconds - fault.window:
+                record.note = "skipped: the run ended first"
+                continue
+            delay = fault.start + late - self.now()
             if delay > 0:
                 await asyncio.sleep(delay)
             record.started = self.now()
@@ -503,6 +521,7 @@ class Soak:
                 record.note = f"fault failed: {type(exc).__name__}: {exc}"
                 log.exception("fault %s failed", fault.kind.value)
             record.ended = self.now()
+            late = max(late, record.ended - fault.end)
 
     async def _until_end(self, fault: Fault) -> None:
         await asyncio.sleep(max(0.0, fault.end - self.now()))
@@ -647,15 +666,25 @@ class Soak:
         ledger_entries = [
             Committed(**json.loads(line)) for line in self.ledger_path.read_text().splitlines()
         ]
+        # Health and duplicates are judged against when each fault really began and ended.
+        happened = [
+            Fault(r.fault.kind, r.started, r.ended - r.started, r.fault.target)
+            for r in self.fault_records
+            if r.started is not None and r.ended is not None
+        ]
         result = audit(
             ledger_entries,
             self.records.values(),
             job_topic=JOB_TOPIC,
             terminal_jobs=terminal,
-            faults=self.faults,
+            faults=happened,
             run_started_ms=self.t0_ms,
         )
-        verdict = judge(self.samples, self.livez, self.faults)
+        verdict = judge(self.samples, self.livez, happened)
+        with (self.work / "records.jsonl").open("w") as dump:
+            for r in sorted(self.records.values(), key=lambda r: (r.topic, r.partition, r.offset)):
+                at = round((r.timestamp_ms - self.t0_ms) / 1000, 3)
+                dump.write(json.dumps({**r.__dict__, "at": at}) + "\n")
         with (self.work / "health.jsonl").open("w") as samples:
             for s in self.samples:
                 samples.write(json.dumps({"t": round(s.t, 1), "families": s.families}) + "\n")
@@ -674,6 +703,7 @@ class Soak:
             drained=drained,
             doubtful_commits=self.doubtful,
             load=(self.load_at_start, os.getloadavg()[0]),
+            unexpected_exits=self.unexpected_exits,
         )
 
     async def _drain(self) -> bool:

@@ -33,13 +33,13 @@ class ServiceStartError(RuntimeError):
 
 @dataclass(frozen=True)
 class Ports:
-    """Every loopback port the soak binds, from one base (the caller's range)."""
+    """Every loopback port the soak binds, all below ``base + 500``."""
 
     base: int
 
     @property
     def postgres(self) -> int:
-        return self.base + 432
+        return self.base + 32
 
     @property
     def kafka(self) -> int:
@@ -61,7 +61,7 @@ class Ports:
 
     def http(self, n: int) -> int:
         """Health listen port of process ``n`` (0: the sidecar, 1..: relays)."""
-        return self.base + 800 + n
+        return self.base + 300 + n
 
 
 def prepare() -> tuple[Path, Path]:
