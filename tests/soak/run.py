@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -80,6 +81,9 @@ timeout_ms = 2000
 max_evidence_age_ms = 5000
 """
 
+# The harness's own sessions name themselves, so the terminate fault can tell them apart.
+HARNESS_SESSION = {"application_name": "soak-harness"}
+
 CREATE_AGGREGATE = (
     "CREATE TABLE IF NOT EXISTS soak_aggregate (id text PRIMARY KEY, version int NOT NULL)"
 )
@@ -94,12 +98,16 @@ INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload)
 VALUES ($1, $2, $3, 'changed', $4::jsonb)
 """
 VERSION_OF = "SELECT version FROM soak_aggregate WHERE id = $1"
-# Relay sessions name themselves; the LISTEN one shows its last statement. The sessions are
-# listed first and terminated in a second statement: within one WHERE the planner may call
-# pg_terminate_backend before the name test and end every session, this one included.
+# The relay's sessions: its pool names itself 'outbox-relay', its LISTEN connection has no
+# name. Everything else on the soak database names itself (the harness, the workers, the
+# sidecar). The sessions are listed first and terminated in a second statement: within one
+# WHERE the planner may call pg_terminate_backend before the name test and end every
+# session, this one included.
 RELAY_SESSIONS = """
-SELECT pid, query ILIKE 'LISTEN%' AS listen FROM pg_stat_activity
-WHERE application_name = 'outbox-relay'
+SELECT pid, application_name = '' AS listen FROM pg_stat_activity
+WHERE datname = current_database() AND backend_type = 'client backend'
+  AND pid <> pg_backend_pid()
+  AND application_name IN ('outbox-relay', '')
 """
 TERMINATE = "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM unnest($1::int[]) AS pid"
 LEASED_BY = """
@@ -291,7 +299,9 @@ class Soak:
             version: int | None = None
             try:
                 if conn is None:
-                    conn = await asyncpg.connect(self.url, timeout=5)
+                    conn = await asyncpg.connect(
+                        self.url, timeout=5, server_settings=HARNESS_SESSION
+                    )
                 async with conn.transaction():
                     version = int(await conn.fetchval(BUMP, key))
                     await conn.execute(
@@ -322,7 +332,7 @@ class Soak:
     async def _committed(self, key: str, version: int) -> bool:
         while True:
             try:
-                conn = await asyncpg.connect(self.url, timeout=5)
+                conn = await asyncpg.connect(self.url, timeout=5, server_settings=HARNESS_SESSION)
                 try:
                     return await conn.fetchval(VERSION_OF, key) == version
                 finally:
@@ -333,7 +343,7 @@ class Soak:
     async def _with_db(self, what: str, fn: Any) -> Any:
         """Run ``fn(conn)`` on a fresh connection; None (logged) when the database is away."""
         try:
-            conn = await asyncpg.connect(self.url, timeout=5)
+            conn = await asyncpg.connect(self.url, timeout=5, server_settings=HARNESS_SESSION)
             try:
                 return await fn(conn)
             finally:
@@ -504,11 +514,11 @@ class Soak:
         # back by as much, so each still gets its quiet gap to recover in.
         late = 0.0
         for record in self.fault_records:
-            fault = record.fault
-            if fault.start + late > self.config.seconds - fault.window:
+            fault = dataclasses.replace(record.fault, start=record.fault.start + late)
+            if fault.start > self.config.seconds - fault.window:
                 record.note = "skipped: the run ended first"
                 continue
-            delay = fault.start + late - self.now()
+            delay = fault.start - self.now()
             if delay > 0:
                 await asyncio.sleep(delay)
             record.started = self.now()
@@ -521,7 +531,7 @@ class Soak:
                 record.note = f"fault failed: {type(exc).__name__}: {exc}"
                 log.exception("fault %s failed", fault.kind.value)
             record.ended = self.now()
-            late = max(late, record.ended - fault.end)
+            late += max(0.0, record.ended - fault.end)
 
     async def _until_end(self, fault: Fault) -> None:
         await asyncio.sleep(max(0.0, fault.end - self.now()))
@@ -571,7 +581,7 @@ class Soak:
                 sessions = await conn.fetch(RELAY_SESSIONS)
                 ended = await conn.fetchval(TERMINATE, [row["pid"] for row in sessions])
                 listening = sum(1 for row in sessions if row["listen"])
-                return f"{ended} relay sessions terminated ({listening} of them LISTEN)"
+                return f"{ended} relay sessions terminated ({listening} of them the LISTEN one)"
 
             note = await self._with_db("terminate", terminate)
             await self._until_end(fault)

@@ -42,7 +42,9 @@ async def work(url: str, worker_ref: str, lease_ms: int) -> None:
     while True:
         try:
             if conn is None or conn.is_closed():
-                conn = await asyncpg.connect(url, timeout=5)
+                conn = await asyncpg.connect(
+                    url, timeout=5, server_settings={"application_name": "soak-worker"}
+                )
             job = await claim_next_due(conn, worker_ref=worker_ref, lease_ms=lease_ms)
             if job is None:
                 await asyncio.sleep(0.2)
