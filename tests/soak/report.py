@@ -175,15 +175,15 @@ def plot(r: SoakResult, path: Path) -> None:
         health.scatter(xs, ys, s=3, c=colours)
     health.set_yticks(range(len(FAMILIES)), FAMILIES)
     health.set_xlabel("seconds since start (green within bounds, grey unknown, red stalled)")
+    # Shaded: when each fault really began and ended (a late one is shifted from its plan).
+    happened = [(x.fault.kind.value, x.started, x.ended) for x in r.faults if x.started is not None]
     for ax in (rate, backlog, health):
-        for record in r.faults:
-            f = record.fault
-            ax.axvspan(f.start, f.end, color="tab:red", alpha=0.12)
-    for record in r.faults:
-        f = record.fault
+        for _, started, ended in happened:
+            ax.axvspan(started, ended or started, color="tab:red", alpha=0.12)
+    for kind, started, _ in happened:
         rate.annotate(
-            f.kind.value,
-            (f.start, 1),
+            kind,
+            (started, 1),
             xycoords=("data", "axes fraction"),
             fontsize=6,
             rotation=90,
