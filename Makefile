@@ -17,10 +17,10 @@ SERVICES := bash scripts/services.sh
 ENV_FILE := .services/env
 PYTEST_ARGS ?=
 
-.PHONY: help venv services-up services-down services-status services-env lint test demo bench
+.PHONY: help venv services-up services-down services-status services-env lint test demo bench soak
 
 help:
-	@echo "targets: venv services-up services-down services-status services-env lint test demo bench"
+	@echo "targets: venv services-up services-down services-status services-env lint test demo bench soak"
 	@echo "extra pytest arguments: make test PYTEST_ARGS='-k name -x'"
 
 venv: $(STAMP)
@@ -86,3 +86,12 @@ bench: services-up
 	if [ "$$rc" -ne 0 ]; then echo "benchmarks failed (pytest exit $$rc); the report below is the last complete one" >&2; fi; \
 	$(VPY) -m bench.report || true; \
 	exit "$$rc"
+
+# The system under a seeded fault schedule on services of its own (loopback ports 25000-25999,
+# started and stopped by the run; the shared services are not touched), then the audit.
+# Writes docs/soak.md and docs/soak.png; exits 1 when anything was lost, reordered or
+# health broke an expectation. SOAK_SECONDS (default 600), SOAK_SEED to repeat a schedule.
+SOAK_SECONDS ?= 600
+SOAK_SEED ?=
+soak: venv
+	$(VPY) -m tests.soak.run --seconds $(SOAK_SECONDS) $(if $(SOAK_SEED),--seed $(SOAK_SEED)) --report docs

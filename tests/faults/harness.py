@@ -140,7 +140,8 @@ class Relays:
     directory: Path
     started: list[RelayProcess] = field(default_factory=list)
 
-    def start(self, name: str, bootstrap: str, **overrides: str) -> RelayProcess:
+    def start(self, name: str, bootstrap: str, *run_args: str, **overrides: str) -> RelayProcess:
+        """``outbox-relay run [run_args]``, e.g. ``--no-relay`` for a sidecar alone."""
         policy = self.directory / "policy.toml"
         policy.write_text(POLICY_ALL_DISABLED)
         log_path = self.directory / f"{name}.log"
@@ -158,7 +159,7 @@ class Relays:
         }
         with log_path.open("wb") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "outbox_relay", "run"],
+                [sys.executable, "-m", "outbox_relay", "run", *run_args],
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=log,
