@@ -331,6 +331,7 @@ class Relay:
         poll_ms = config.poll_interval_ms
         cursor = 0
         pass_started = 0.0
+        pass_mark: int | None = None  # relay/inflight.py: keys released since the pass began
         # While a full batch is mapped and handed to the producer, the database already
         # reads the next one. A prefetch holds an in-flight slot of its own.
         prefetch: _Prefetch | None = None
@@ -346,6 +347,9 @@ class Relay:
                         cursor = 0
                     if cursor == 0:
                         pass_started = time.monotonic()
+                        if pass_mark is not None:
+                            window.fetch_done(pass_mark)
+                        pass_mark = window.fetch_mark()
                     if self._producer.broken:
                         # Fresh sequences only once nothing is in flight on the old ones.
                         await window.wait_empty()
@@ -390,10 +394,12 @@ class Relay:
                 # failure this relay has not recorded yet (or recorded after this fetch
                 # began) are skipped: the next pass finds those rows again.
                 publishable = set(lanes)
+                # A key released since this pass began may have rows the pass stepped over.
+                since = mark if pass_mark is None else min(mark, pass_mark)
                 rows = [
                     OutboxRow.from_record(r)
                     for r in records
-                    if r["lane"] in publishable and not window.held_since(r["aggregateid"], mark)
+                    if r["lane"] in publishable and not window.held_since(r["aggregateid"], since)
                 ]
                 window.fetch_done(mark)
                 if rows:
@@ -421,6 +427,8 @@ class Relay:
         finally:
             if prefetch is not None:
                 window.give_back_slot()  # its task is cancelled with the task group
+            if pass_mark is not None:
+                window.fetch_done(pass_mark)
 
     async def _answered(self) -> None:
         """Return once the broker answered every batch handed over so far.

@@ -10,6 +10,12 @@ A fetch statement whose snapshot predates a failure's record still sees the key 
 a key released while a fetch was open stays held back from that fetch's rows: each fetch
 takes a mark when it starts (:meth:`fetch_mark`), its rows are filtered with
 :meth:`held_since` and it ends with :meth:`fetch_done`.
+
+A pass takes a mark the same way, for the same reason one step wider: the database also
+holds a key back behind its row that waits to be retried (``OutboxRow.holds_key``), and a
+pass's cursor moves past the rows it held back. Once that row is published, the pass's
+later fetches would read the key's rows after its cursor first; a key released since the
+pass began therefore waits for the next pass, which reads from the beginning.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ class InFlightWindow:
         self._releases = 0  # keys released so far: the marks fetches take
         self._released_at: dict[str, int] = {}  # key -> mark of its last release
         self._open_fetches: Counter[int] = Counter()  # mark -> fetches started there, not done
+        # key -> rows in flight that were fetched waiting to be retried (OutboxRow.holds_key)
+        self._holders: Counter[str] = Counter()
 
     # -- slots ----------------------------------------------------------------------------
     async def take_slot(self) -> None:
@@ -52,6 +60,8 @@ class InFlightWindow:
         """The rows of a sent batch are in flight until :meth:`release`."""
         for row in rows:
             self._lanes[row.seq] = row.lane
+            if row.holds_key:
+                self._holders[row.aggregateid] += 1
 
     def hold(self, keys: Iterable[str]) -> None:
         """Hold back these keys (once per failed row) until their failures are released."""
@@ -68,9 +78,19 @@ class InFlightWindow:
             self._held_keys[key] -= 1
             if self._held_keys[key] <= 0:
                 del self._held_keys[key]
-                if self._open_fetches:  # only an open fetch can have read the key as free
-                    self._releases += 1
-                    self._released_at[key] = self._releases
+                self._released(key)
+        # A row the database held its key behind is recorded: the database's hold lifts.
+        for row in rows:
+            if row.holds_key:
+                self._holders[row.aggregateid] -= 1
+                if self._holders[row.aggregateid] <= 0:
+                    del self._holders[row.aggregateid]
+                    self._released(row.aggregateid)
+
+    def _released(self, key: str) -> None:
+        if self._open_fetches:  # only an open fetch or pass can have read the key as free
+            self._releases += 1
+            self._released_at[key] = self._releases
 
     # -- fetches -----------------------------------------------------------------------------
     def fetch_mark(self) -> int:

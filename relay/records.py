@@ -61,6 +61,8 @@ class OutboxRow(NamedTuple):
     lane: int
     attempts: int
     created_at_ms: int
+    holds_key: bool = False
+    """Fetched while waiting to be retried: the database held its key's later rows back."""
 
     @classmethod
     def from_record(cls, record: Any) -> OutboxRow:

@@ -52,8 +52,12 @@ WITH batch AS (
     LIMIT $5
     FOR UPDATE
 ), redriven AS (
+    -- Due at once, but still a waiting row: its key's later rows stay held back until it
+    -- is published. Were the hold lifted here, a relay pass whose cursor already stepped
+    -- over some of them would read the key's rows after its cursor first.
     UPDATE outbox AS o
-    SET quarantined_at = NULL, attempts = 0, next_attempt_at = NULL, last_error_class = NULL
+    SET quarantined_at = NULL, attempts = 0, next_attempt_at = clock_timestamp(),
+        last_error_class = NULL
     FROM batch
     WHERE o.seq = batch.seq
     RETURNING 1

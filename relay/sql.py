@@ -19,7 +19,10 @@ SELECT o.seq, o.id::text, o.aggregatetype, o.aggregateid, o.type, o.payload::tex
        o.topic,
        to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
        o.lane, o.attempts,
-       (extract(epoch FROM o.created_at) * 1000)::bigint
+       (extract(epoch FROM o.created_at) * 1000)::bigint,
+       -- a row waiting to be (re)tried holds its key's later rows back (the NOT EXISTS
+       -- below); when it is published that hold lifts in the middle of a pass
+       o.next_attempt_at IS NOT NULL
 FROM outbox o
 WHERE o.quarantined_at IS NULL
   AND o.seq > $2

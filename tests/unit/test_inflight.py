@@ -156,3 +156,33 @@ async def test_a_release_with_no_fetch_open_is_not_remembered() -> None:
     window = InFlightWindow(2)
     await held_then_released(window, "k")
     assert window._released_at == {}
+
+
+async def test_a_retried_row_recorded_mid_pass_keeps_its_key_out_of_that_pass() -> None:
+    # The database held the key behind the retried row; the pass stepped over those rows.
+    window = InFlightWindow(2)
+    pass_mark = window.fetch_mark()
+    await window.take_slot()
+    retried = make_row(seq=1, aggregateid="k", holds_key=True)
+    window.admit([retried, row(2, key="other")])
+    fetch = window.fetch_mark()
+    window.fetch_done(fetch)
+    window.release([retried, row(2, key="other")], held_keys=[])
+    assert window.held_since("k", pass_mark)  # the rest of this pass leaves "k" alone
+    assert not window.held_since("other", pass_mark)  # an ordinary row lifts no hold
+    window.fetch_done(pass_mark)
+    assert not window.held_since("k", window.fetch_mark())  # the next pass reads it in order
+
+
+async def test_a_retried_row_still_in_flight_releases_its_key_only_with_its_last_copy() -> None:
+    window = InFlightWindow(2)
+    pass_mark = window.fetch_mark()
+    first, second = (make_row(seq=s, aggregateid="k", holds_key=True) for s in (1, 2))
+    await window.take_slot()
+    await window.take_slot()
+    window.admit([first])
+    window.admit([second])
+    window.release([first], held_keys=[])
+    assert not window.held_since("k", pass_mark)
+    window.release([second], held_keys=[])
+    assert window.held_since("k", pass_mark)

@@ -1,0 +1,95 @@
+"""A pass never publishes a key's later row while it has stepped over an earlier one.
+
+A pass reads ready rows in seq order after a cursor. A row held behind an earlier row of
+its key that is waiting to be retried is left out of a fetch, yet the cursor moves past it.
+If that earlier row is then published within the same pass, nothing holds the key back
+any more: a later fetch of the pass would read the key's rows *after* the cursor, while
+the row the pass stepped over waits for the next pass. A soak run saw exactly that after a
+broker restart (for one key: 17, 18, 29, 30, 19, ..., 28 on Kafka).
+
+Staged here with the relay's real statements: the first fetch of a pass returns the
+retried row and steps over the key's next row; the pass's second fetch runs only once the
+retried row is published and recorded, as on a loaded database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import asyncpg
+import pytest
+
+from relay.store import RelayStore
+from tests.relay.harness import fast_config, running_relay, wait_until
+
+KEY = "k-pass"
+INSERT_ROW = """
+INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
+VALUES ('order', $1, 'changed', $2::jsonb) RETURNING seq, id::text
+"""
+# The row's earlier publish failed retriably and was recorded; its retry is due now.
+FAILED_AND_DUE = """
+UPDATE outbox SET attempts = 1, next_attempt_at = clock_timestamp() - interval '1 ms'
+WHERE seq = $1
+"""
+PUBLISHED = "SELECT id::text, kafka_partition, kafka_offset FROM outbox_receipt WHERE id = ANY($1)"
+
+
+async def _published_order(db: asyncpg.Connection, ids: list[str]) -> list[str]:
+    rows = await db.fetch(PUBLISHED, ids)
+    assert len({r["kafka_partition"] for r in rows}) == 1  # one key, one partition
+    return [r["id"] for r in sorted(rows, key=lambda r: r["kafka_offset"])]
+
+
+async def test_a_pass_does_not_publish_a_keys_later_row_before_one_it_stepped_over(
+    db: asyncpg.Connection,
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    first = await db.fetchrow(INSERT_ROW, KEY, json.dumps(1))
+    stepped_over = await db.fetchrow(INSERT_ROW, KEY, json.dumps(2))
+    other = await db.fetchrow(INSERT_ROW, "k-other", json.dumps(1))
+    later = await db.fetchrow(INSERT_ROW, KEY, json.dumps(3))
+    await db.execute(FAILED_AND_DUE, first["seq"])
+    ids = [first["id"], stepped_over["id"], later["id"]]
+
+    # Two rows a fetch: the pass's first fetch reads [first, other] and its cursor passes
+    # the stepped-over row, which waits behind `first`.
+    config = fast_config(
+        database_url, kafka_bootstrap, topic_namespace, batch_size=2, poll_interval_ms=300
+    )
+    fetch_ready = RelayStore.fetch_ready
+    delayed = asyncio.Event()
+
+    async def fetch_after_first_is_recorded(
+        store: RelayStore, lanes: Any, cursor: int, limit: int
+    ) -> list[Any]:
+        if cursor == other["seq"] and not delayed.is_set():
+            delayed.set()
+            watcher = await asyncpg.connect(database_url)
+            try:
+                await wait_until(
+                    lambda: watcher.fetchval(
+                        "SELECT count(*) = 1 FROM outbox_receipt WHERE id = $1", first["id"]
+                    ),
+                    timeout=30,
+                )
+            finally:
+                await watcher.close()
+            # ...and its rows have left the window: the hold is gone in memory too.
+            await wait_until(lambda: first["seq"] not in window.seqs(), timeout=30)
+        return await fetch_ready(store, lanes, cursor, limit)
+
+    monkeypatch.setattr(RelayStore, "fetch_ready", fetch_after_first_is_recorded)
+    async with running_relay(config) as running:
+        window = running.relay._window
+        await wait_until(
+            lambda: db.fetchval("SELECT count(*) = 3 FROM outbox_receipt WHERE id = ANY($1)", ids),
+            timeout=60,
+        )
+    assert delayed.is_set(), "the staged fetch never ran: the scenario did not happen"
+    assert await _published_order(db, ids) == ids, "a key's rows reached Kafka out of order"
