@@ -77,7 +77,9 @@ CROSS JOIN LATERAL (
 ) AS ready
 CROSS JOIN LATERAL (
     SELECT count(DISTINCT activity.pid) AS blocking_transaction_count,
-           {unix_ms("min(activity.xact_start)")}
+           -- clock.now is this statement's start: a transaction that began after it but
+           -- before pg_stat_activity was read is no older than now, not "in the future"
+           {unix_ms("CASE WHEN min(activity.xact_start) > clock.now THEN clock.now ELSE min(activity.xact_start) END")}
                AS oldest_blocking_transaction_started_at_unix_ms
     FROM pg_catalog.pg_locks AS lock
     JOIN pg_catalog.pg_stat_activity AS activity ON activity.pid = lock.pid
