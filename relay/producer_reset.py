@@ -57,12 +57,23 @@ class ProducerReset:
     def __init__(self, producer: AIOKafkaProducer) -> None:
         self._producer = producer
         self._transports: list[asyncio.WriteTransport] = []
+        self._conns: list[Any] = []
+        self._stopping = False
         self.done = False
         client: Any = producer.client
         original: Callable[..., Awaitable[Any]] = client._get_conn
 
         async def get_conn(*args: Any, **kwargs: Any) -> Any:
             conn = await original(*args, **kwargs)
+            if conn is None:
+                return None
+            if self._stopping:
+                # The client closes only the connections it had when it closed: one that
+                # lands later would stay open, owned by nobody.
+                conn.close()
+                return None
+            self._conns = [c for c in self._conns if c.connected()]
+            self._conns.append(conn)
             writer = getattr(conn, "_writer", None)
             if writer is not None and writer.transport not in self._transports:
                 # Any later close, aiokafka's own included, is then abortive: a graceful
@@ -73,6 +84,17 @@ class ProducerReset:
             return conn
 
         client._get_conn = get_conn
+
+    def stopping(self) -> None:
+        """The producer is being stopped: a connection that opens from now on is closed."""
+        self._stopping = True
+
+    def close_leftovers(self) -> None:
+        """Close what the stopped producer's client left open (opened while it closed)."""
+        for conn in self._conns:
+            if conn.connected():
+                conn.close()
+        self._conns = []
 
     def reset(self, cause: BaseException) -> None:
         """Stop the sender, reset every connection (RST), fail every held batch with ``cause``."""

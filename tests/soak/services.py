@@ -258,7 +258,10 @@ class SoakKafka:
             timeout=300,
         )
         if done.returncode != 0:
-            raise ServiceStartError(f"kafka storage format failed: {done.stdout[-1000:]}")
+            raise ServiceStartError(
+                f"kafka storage format failed (exit {done.returncode}): "
+                f"{(done.stdout + done.stderr)[-1000:]}"
+            )
 
     def start(self) -> None:
         """Start the broker process (answering is awaited by :func:`wait_kafka`)."""
