@@ -178,7 +178,7 @@ async def test_verify_reports_pending_then_up_to_date(empty_db: asyncpg.Connecti
     await apply(empty_db, migrations)
     status = await verify(empty_db, migrations)
     assert status.up_to_date
-    assert status.applied == (1, 2, 3)
+    assert status.applied == (1, 2, 3, 4)
 
 
 async def test_a_changed_applied_file_is_refused_naming_it(
@@ -201,10 +201,10 @@ async def test_a_new_file_is_applied_after_the_shipped_ones(
     empty_db: asyncpg.Connection, migration_dir: Path
 ) -> None:
     await apply(empty_db, load_migrations(migration_dir))
-    (migration_dir / "0004_extra.sql").write_text("CREATE TABLE extra_table (x int);\n")
+    (migration_dir / "0005_extra.sql").write_text("CREATE TABLE extra_table (x int);\n")
     applied = await apply(empty_db, load_migrations(migration_dir))
-    assert [m.file_name for m in applied] == ["0004_extra.sql"]
-    assert [v for v, _, _ in await _record(empty_db)] == [1, 2, 3, 4]
+    assert [m.file_name for m in applied] == ["0005_extra.sql"]
+    assert [v for v, _, _ in await _record(empty_db)] == [1, 2, 3, 4, 5]
 
 
 async def test_a_migration_the_files_do_not_know_is_refused(
@@ -411,7 +411,7 @@ async def test_migrate_verify_exit_codes(empty_database_url: str) -> None:
         assert f"applying {name}" in applied.stdout
     done = await run_cli("migrate", "--verify", "--database-url", empty_database_url)
     assert done.code == 0
-    assert "up to date (3 applied)" in done.stdout
+    assert "up to date (4 applied)" in done.stdout
 
 
 def test_migration_dataclass_names_its_file() -> None:
