@@ -97,7 +97,7 @@ class WakeUp:
     def request_full_pass(self) -> None:
         """Wake the fetch loop for a pass from the beginning: rows may lie anywhere."""
         self._full_pass = True
-        self._event.set()
+        self.set()
 
     def notified(self, payload: str) -> None:
         """An inserting statement committed; its payload says which seqs it wrote."""
@@ -108,7 +108,7 @@ class WakeUp:
         lowest, highest = seqs
         self._lowest = lowest if self._lowest is None else min(self._lowest, lowest)
         self.heard_up_to = max(self.heard_up_to, highest)
-        self._event.set()
+        self.set()
 
     def full_pass_requested(self) -> bool:
         """True when a full pass was asked for since the last :meth:`take_start`."""
