@@ -178,6 +178,8 @@ class _Stages:
     acked: dict[int, tuple[float, float]] = field(default_factory=dict)  # seq → append, ack
     recorded: dict[int, float] = field(default_factory=dict)  # seq → bookkeeping done
     fetch_starts: list[int] = field(default_factory=list)  # the seq each fetch read after
+    refetched: int = 0  # cursor fetches dropped: a late commit below them was announced
+    unheard: int = 0  # rows a cursor fetch left for the next one: not notified yet
 
 
 def _instrument(monkeypatch: pytest.MonkeyPatch, stages: _Stages) -> None:
@@ -222,6 +224,23 @@ def _instrument(monkeypatch: pytest.MonkeyPatch, stages: _Stages) -> None:
                 stages.recorded[row.seq] = ended
         return recorded
 
+    # Both exist from cursor fetches on; measured against older checkouts too.
+    announced_below = getattr(Relay, "_announced_below", None)
+    vouched = getattr(Relay, "_vouched", None)
+    if announced_below is not None and vouched is not None:
+
+        def noted_announced_below(self: Relay, fetched: Any) -> bool:
+            dropped = bool(announced_below(self, fetched))
+            stages.refetched += dropped
+            return dropped
+
+        def noted_vouched(self: Relay, records: list[Any], *args: Any) -> Any:
+            kept = vouched(self, records, *args)
+            stages.unheard += len(records) - len(kept[0])
+            return kept
+
+        monkeypatch.setattr(Relay, "_announced_below", noted_announced_below)
+        monkeypatch.setattr(Relay, "_vouched", noted_vouched)
     monkeypatch.setattr(WakeUp, "set", noted_wake)
     monkeypatch.setattr(RelayStore, "fetch_ready", noted_fetch)
     monkeypatch.setattr(Relay, "_send", noted_send)
@@ -343,7 +362,8 @@ async def test_where_one_events_latency_goes(
     from_zero = stages.fetch_starts.count(0)
     lines.append(
         f"  fetches: {len(stages.fetch_starts)}, {from_zero} of them from seq 0 "
-        "(the others from a cursor)"
+        f"(the others from a cursor); cursor fetches read again for a late commit: "
+        f"{stages.refetched}; rows left for a later fetch, not yet notified: {stages.unheard}"
     )
     lines.append("  " + await _fetch_cost(bench_database))
     print("\n".join(lines))

@@ -400,11 +400,9 @@ class Relay:
                     continue
                 records, full, last_seq, mark = fetched[:4]
                 if fetched.cursor_fetch:
-                    late = self._wake.lowest_notified()
-                    if records and late is not None and late <= fetched.start:
-                        # Rows below this fetch's start were announced while it ran: its
-                        # snapshot may hold a later row of their key. Read again from
-                        # below them (the next fetch starts there), sending none of these.
+                    if self._announced_below(fetched):
+                        # Read again from below them (the next fetch starts there),
+                        # sending none of these rows.
                         window.fetch_done(mark)
                         window.give_back_slot()
                         continue
@@ -492,6 +490,12 @@ class Relay:
             or pass_mark is None
             or self._window.irregular_since(pass_mark)
         )
+
+    def _announced_below(self, fetched: Fetched) -> bool:
+        """True when rows at or below a cursor fetch's start were notified while it ran:
+        its snapshot may hold a later row of their key, which it must not send first."""
+        late = self._wake.lowest_notified()
+        return bool(fetched.records) and late is not None and late <= fetched.start
 
     def _vouched(
         self, records: list[Any], full: bool, last_seq: int | None
