@@ -173,3 +173,24 @@ async def test_a_fetch_that_starts_above_a_commit_it_has_not_heard_of_keeps_key_
         await late.close()
         await successor.close()
     assert await _published_order(db, ids) == ids, "a key's rows reached Kafka out of order"
+
+
+async def test_a_notification_without_seqs_brings_a_full_pass(
+    db: asyncpg.Connection, database_url: str, kafka_bootstrap: str, topic_namespace: str
+) -> None:
+    """A redrive, or a trigger from before the seq payload, wakes the relay with nothing
+    to go by: the rows it announces are found by a full pass, not a poll interval later."""
+    config = fast_config(
+        database_url, kafka_bootstrap, topic_namespace, poll_interval_ms=_LONG_POLL_MS
+    )
+    async with running_relay(config) as running:
+        await _settled(running, db)
+        # Committed without its notification, as under the trigger before migration 0004
+        # (whose notification said nothing), then announced by an empty one.
+        await db.execute("ALTER TABLE outbox DISABLE TRIGGER outbox_relay_notify")
+        try:
+            silent = await _insert(db, "k-silent", 1)
+        finally:
+            await db.execute("ALTER TABLE outbox ENABLE TRIGGER outbox_relay_notify")
+        await db.execute("SELECT pg_notify('outbox_relay', '')")
+        await _all_published(db, [silent["id"]], _PROMPTLY_S)
