@@ -177,6 +177,9 @@ class _Stages:
     sent: dict[str, tuple[float, float, int]] = field(default_factory=dict)  # id → send, seq
     acked: dict[int, tuple[float, float]] = field(default_factory=dict)  # seq → append, ack
     recorded: dict[int, float] = field(default_factory=dict)  # seq → bookkeeping done
+    fetch_starts: list[int] = field(default_factory=list)  # the seq each fetch read after
+    refetched: int = 0  # cursor fetches dropped: a late commit below them was announced
+    unheard: int = 0  # rows a cursor fetch left for the next one: not notified yet
 
 
 def _instrument(monkeypatch: pytest.MonkeyPatch, stages: _Stages) -> None:
@@ -190,6 +193,7 @@ def _instrument(monkeypatch: pytest.MonkeyPatch, stages: _Stages) -> None:
     fetch_ready = RelayStore.fetch_ready
 
     async def noted_fetch(self: RelayStore, *args: Any) -> list[Any]:
+        stages.fetch_starts.append(args[1])  # (lanes, cursor, limit)
         started = time.time()
         records = await fetch_ready(self, *args)
         ended = time.time()
@@ -220,10 +224,57 @@ def _instrument(monkeypatch: pytest.MonkeyPatch, stages: _Stages) -> None:
                 stages.recorded[row.seq] = ended
         return recorded
 
+    # Both exist from cursor fetches on; measured against older checkouts too.
+    announced_below = getattr(Relay, "_announced_below", None)
+    vouched = getattr(Relay, "_vouched", None)
+    if announced_below is not None and vouched is not None:
+
+        def noted_announced_below(self: Relay, fetched: Any) -> bool:
+            dropped = bool(announced_below(self, fetched))
+            stages.refetched += dropped
+            return dropped
+
+        def noted_vouched(self: Relay, records: list[Any], *args: Any) -> Any:
+            kept = vouched(self, records, *args)
+            stages.unheard += len(records) - len(kept[0])
+            return kept
+
+        monkeypatch.setattr(Relay, "_announced_below", noted_announced_below)
+        monkeypatch.setattr(Relay, "_vouched", noted_vouched)
     monkeypatch.setattr(WakeUp, "set", noted_wake)
     monkeypatch.setattr(RelayStore, "fetch_ready", noted_fetch)
     monkeypatch.setattr(Relay, "_send", noted_send)
     monkeypatch.setattr(RelayStore, "record_outcome", noted_record)
+
+
+# What FETCH_READY cost the server in this database: calls, mean execution time (ms) and
+# buffers touched per call. The bench database is fresh, so these are this run's alone.
+_FETCH_COST = """
+SELECT sum(s.calls)::bigint,
+       sum(s.total_exec_time) / sum(s.calls),
+       sum(s.shared_blks_hit + s.shared_blks_read)::float8 / sum(s.calls)
+FROM pg_stat_statements s
+JOIN pg_database d ON d.oid = s.dbid
+WHERE d.datname = current_database() AND s.query LIKE '%FROM outbox o%AND o.seq > $2%'
+"""
+
+
+async def _fetch_cost(database_url: str) -> str:
+    """FETCH_READY's server-side cost in this run, or why it is not known."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        calls, mean_ms, buffers = await conn.fetchrow(_FETCH_COST)
+    except asyncpg.PostgresError as exc:  # not preloaded on this server, or no privilege
+        return f"FETCH_READY server cost unknown ({type(exc).__name__})"
+    finally:
+        await conn.close()
+    if not calls:
+        return "FETCH_READY server cost unknown (no calls recorded)"
+    return (
+        f"FETCH_READY on the server (pg_stat_statements): {calls} calls, "
+        f"{mean_ms:.3f} ms and {buffers:.1f} buffers per call"
+    )
 
 
 def _on_ack(stages: _Stages, seqs: list[int]) -> Callable[[asyncio.Future[Any]], None]:
@@ -253,6 +304,7 @@ async def test_where_one_events_latency_goes(
     async with running_relay(config) as running:
         await wait_until(running.relay.ready, timeout=60)
         await asyncio.sleep(1)
+        stages.fetch_starts.clear()
         sent = await _write_steadily(bench_database)
         await wait_until(lambda: len(stages.recorded) >= len(sent), timeout=60)
     wakes = sorted(stages.wakes)
@@ -307,5 +359,12 @@ async def test_where_one_events_latency_goes(
             f"  {name:70s} {statistics.median(ordered):7.2f} {_percentile(ordered, 0.99):7.2f}"
             f" {statistics.fmean(ordered):7.2f}"
         )
+    from_zero = stages.fetch_starts.count(0)
+    lines.append(
+        f"  fetches: {len(stages.fetch_starts)}, {from_zero} of them from seq 0 "
+        f"(the others from a cursor); cursor fetches read again for a late commit: "
+        f"{stages.refetched}; rows left for a later fetch, not yet notified: {stages.unheard}"
+    )
+    lines.append("  " + await _fetch_cost(bench_database))
     print("\n".join(lines))
     assert parts[names[0]], "no event went through every stage"

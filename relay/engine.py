@@ -71,13 +71,16 @@ def _elapsed_ms(since: float) -> float:
 
 class Fetched(NamedTuple):
     """One fetch: the rows to send, whether the statement's limit was reached, the last
-    seq it read (the cursor's next position), rows left out included, and the in-flight
-    window's mark taken when it started (InFlightWindow.held_since)."""
+    seq it read (the cursor's next position), rows left out included, the in-flight
+    window's mark taken when it started (InFlightWindow.held_since), the seq it read after,
+    and whether it was a cursor fetch (one that must vouch for its rows, _vouched)."""
 
     records: list[Any]
     full: bool
     last_seq: int | None
     mark: int
+    start: int = 0
+    cursor_fetch: bool = False
 
 
 _NOTHING_FETCHED = Fetched([], full=False, last_seq=None, mark=-1)
@@ -135,6 +138,11 @@ class Relay:
         self._window = InFlightWindow(config.max_in_flight_batches)
         self._last_lane_tick_ok = 0.0
         self._read_up_to = 0  # the highest seq any fetch has read
+        # Until then every pass starts from the beginning: a failure recorded lately
+        # waits behind the cursor for its retry (relay/engine.py, _record).
+        self._full_passes_until = 0.0
+        # A fetch left rows out that the next pass must read again (held keys, lanes lost).
+        self._stepped_over = False
         # Submissions the broker may not have answered yet (answered ones are dropped).
         self._unanswered: deque[Submission] = deque()
         # How long before the local end of a lease the producer is reset if it still
@@ -298,7 +306,8 @@ class Relay:
         self._last_lane_tick_ok = time.monotonic()
         self.metrics.lanes_owned.set(len(self._lanes.leases.fences))
         if set(self._lanes.leases.fences) - before:
-            self._wake.set()  # new lanes may have a backlog waiting
+            # New lanes may have a backlog waiting, anywhere in the outbox.
+            self._wake.request_full_pass()
 
     async def _leave(self) -> None:
         assert self._lanes is not None
@@ -330,8 +339,14 @@ class Relay:
         margin_s = config.send_timeout_ms / 1000
         poll_ms = config.poll_interval_ms
         cursor = 0
+        # A full pass starts from the beginning of the outbox and its fetches follow each
+        # other as long as they are full. Once one is not, the fetches after it are cursor
+        # fetches: they start from the cursor (or below the lowest seq notified since),
+        # until the next full pass, at the latest a poll interval after this one began.
+        full_pass = False
         pass_started = 0.0
         pass_mark: int | None = None  # relay/inflight.py: keys released since the pass began
+        fetched_lanes: frozenset[int] = frozenset()  # the lanes the last fetch read
         # While a full batch is mapped and handed to the producer, the database already
         # reads the next one. A prefetch holds an in-flight slot of its own.
         prefetch: _Prefetch | None = None
@@ -339,13 +354,14 @@ class Relay:
             while not stop.is_set():
                 self.liveness.tick("fetch", config.poll_interval_ms)
                 if prefetch is None:
-                    if cursor and (window.empty() or _elapsed_ms(pass_started) >= poll_ms):
-                        # A new pass picks up whatever the last one stepped over. Under a
-                        # continuous backlog the window never empties, so a pass also ends
-                        # after a poll interval; rows still in flight are left out of its
-                        # fetches (relay/engine.py, _fetch).
+                    if cursor and self._full_pass_due(pass_started, pass_mark):
+                        # A new pass picks up whatever was stepped over. Under a continuous
+                        # backlog a pass also ends after a poll interval; rows still in
+                        # flight are left out of its fetches (relay/engine.py, _fetch).
                         cursor = 0
                     if cursor == 0:
+                        full_pass = True
+                        self._stepped_over = False
                         pass_started = time.monotonic()
                         if pass_mark is not None:
                             window.fetch_done(pass_mark)
@@ -361,13 +377,20 @@ class Relay:
                             await self._wake.wait()
                         self._wake.clear()
                         continue
+                    if cursor and not fetched_lanes.issuperset(lanes):
+                        # Lanes gained (or back) since the last fetch: the cursor has moved
+                        # past their rows.
+                        self._wake.request_full_pass()
+                        continue
                     self._wake.clear()
                     await window.take_slot()
-                    fetching: Awaitable[Fetched] = self._fetch(lanes, cursor)
+                    fetching: Awaitable[Fetched] = self._fetch(
+                        lanes, self._wake.take_start(cursor), cursor_fetch=not full_pass
+                    )
                 else:
                     fetching, prefetch = prefetch.records(), None
                 try:
-                    records, full, last_seq, mark = await fetching
+                    fetched = await fetching
                 except DB_ERRORS as exc:
                     window.give_back_slot()
                     log.warning("fetch failed", extra={"cause": unavailable_cause(exc)})
@@ -375,21 +398,40 @@ class Relay:
                         backoff_ms(1, base_ms=200, cap_ms=2_000, rng=self._rng) / 1000
                     )
                     continue
+                records, full, last_seq, mark = fetched[:4]
+                if fetched.cursor_fetch:
+                    if self._announced_below(fetched):
+                        # Read again from below them (the next fetch starts there),
+                        # sending none of these rows.
+                        window.fetch_done(mark)
+                        window.give_back_slot()
+                        continue
+                    records, full, last_seq = self._vouched(records, full, last_seq)
+                fetched_lanes = frozenset(lanes)
                 if last_seq is not None:
-                    cursor = last_seq
+                    # A fetch that was not full read every visible row after its start: a
+                    # cursor that went back for a late commit returns to where it was.
+                    cursor = last_seq if full else max(cursor, last_seq)
                 lanes = self._lanes.leases.publishable(margin_s)
                 # A pass older than a poll interval reads no further ahead: it ends here,
                 # so the next one starts from the beginning.
                 if (
                     full
                     and lanes
+                    and fetched_lanes.issuperset(lanes)
                     and not self._producer.broken
                     and window.slot_free()
                     and _elapsed_ms(pass_started) < poll_ms
                 ):
                     await window.take_slot()
                     prefetch = _Prefetch()
-                    prefetching.start_soon(prefetch.fill, partial(self._fetch, lanes, cursor))
+                    # From the cursor, never below it: this fetch's rows join the window
+                    # only after the prefetch's statement began (_fetch). A late commit
+                    # notified meanwhile is read by the next fetch that is not a prefetch.
+                    prefetching.start_soon(
+                        prefetch.fill,
+                        partial(self._fetch, lanes, cursor, cursor_fetch=not full_pass),
+                    )
                 # Lanes may have been handed back meanwhile, and keys held back by a
                 # failure this relay has not recorded yet (or recorded after this fetch
                 # began) are skipped: the next pass finds those rows again.
@@ -401,6 +443,8 @@ class Relay:
                     for r in records
                     if r["lane"] in publishable and not window.held_since(r["aggregateid"], since)
                 ]
+                if len(rows) < len(records):
+                    self._stepped_over = True
                 window.fetch_done(mark)
                 if rows:
                     fences = dict(
@@ -414,21 +458,59 @@ class Relay:
                 else:
                     window.give_back_slot()
                 if not full:
-                    # End of this pass. The next one starts from the beginning on news (or
-                    # after a poll interval), also while batches are still in flight: its
-                    # fetches leave their rows out (_fetch). So a new event never waits for
-                    # the batches before it to be recorded, and a row this pass stepped
-                    # over (a late commit) is read before any later row of its key: the
-                    # cursor must not run on past it.
-                    with anyio.move_on_after(config.poll_interval_ms / 1000):
+                    # The next fetch comes on news (or after a poll interval), also while
+                    # batches are still in flight: its fetches leave their rows out
+                    # (_fetch). So a new event never waits for the batches before it to be
+                    # recorded. It starts from the cursor, or below the lowest seq notified
+                    # meanwhile: a late commit is read before any later row of its key.
+                    full_pass = False
+                    with anyio.move_on_after(config.poll_interval_ms / 1000) as polling:
                         await self._answered()
                         await self._wake.wait()
-                    cursor = 0
+                    if polling.cancelled_caught:
+                        # The safety net: what no notification announced (one lost with
+                        # the listening connection, a writer without the payload).
+                        self._wake.request_full_pass()
         finally:
             if prefetch is not None:
                 window.give_back_slot()  # its task is cancelled with the task group
             if pass_mark is not None:
                 window.fetch_done(pass_mark)
+
+    def _full_pass_due(self, pass_started: float, pass_mark: int | None) -> bool:
+        """True when the next fetch must start from the beginning of the outbox: asked
+        for (a poll, a notification without seqs, new lanes), a poll interval after the
+        last full pass began, or while rows may wait behind the cursor that no
+        notification will announce (held keys, retries, rows this relay left out)."""
+        return (
+            self._wake.full_pass_requested()
+            or _elapsed_ms(pass_started) >= self.config.poll_interval_ms
+            or self._stepped_over
+            or time.monotonic() < self._full_passes_until
+            or pass_mark is None
+            or self._window.irregular_since(pass_mark)
+        )
+
+    def _announced_below(self, fetched: Fetched) -> bool:
+        """True when rows at or below a cursor fetch's start were notified while it ran:
+        its snapshot may hold a later row of their key, which it must not send first."""
+        late = self._wake.lowest_notified()
+        return bool(fetched.records) and late is not None and late <= fetched.start
+
+    def _vouched(
+        self, records: list[Any], full: bool, last_seq: int | None
+    ) -> tuple[list[Any], bool, int | None]:
+        """The rows of a cursor fetch it can vouch for: those up to the highest seq heard
+        of. Notifications arrive in commit order, so once a row's own is heard, so is that
+        of every transaction that committed before its transaction took its seq, among
+        them any earlier row of its key that this fetch's start could have passed over.
+        Rows after the first unheard one wait for their notification (or the next full
+        pass); the cursor stays before them."""
+        heard = self._wake.heard_up_to
+        if not records or records[-1]["seq"] <= heard:
+            return records, full, last_seq
+        kept = [r for r in records if r["seq"] <= heard]  # in seq order: a prefix
+        return kept, False, records[len(kept)]["seq"] - 1
 
     async def _answered(self) -> None:
         """Return once the broker answered every batch handed over so far.
@@ -444,7 +526,7 @@ class Relay:
                 await asyncio.wait([sent.future for sent in self._unanswered[0].batches])
             self._unanswered.popleft()
 
-    async def _fetch(self, lanes: list[int], cursor: int) -> Fetched:
+    async def _fetch(self, lanes: list[int], cursor: int, *, cursor_fetch: bool) -> Fetched:
         """Ready rows after ``cursor``, minus those in flight when the statement started.
 
         A pass that starts while batches are in flight meets their rows again. They are
@@ -471,6 +553,8 @@ class Relay:
             full=len(records) == self.config.batch_size,
             last_seq=records[-1]["seq"] if records else None,
             mark=mark,
+            start=cursor,
+            cursor_fetch=cursor_fetch,
         )
 
     async def _send(self, rows: list[OutboxRow], fences: dict[int, int]) -> Batch:
@@ -582,6 +666,14 @@ class Relay:
             )
             for row, f in failed
         ]
+        if delays:
+            # Each failed row waits behind the cursor for its retry, and holds its key's
+            # later rows back in the database: until it is due (and a poll interval more),
+            # passes start from the beginning, as every pass did before cursor fetches.
+            self._full_passes_until = max(
+                self._full_passes_until,
+                time.monotonic() + (max(delays) + config.poll_interval_ms) / 1000,
+            )
         attempt = 0
         while True:
             try:

@@ -113,6 +113,13 @@ class InFlightWindow:
         self._released_at = {key: at for key, at in self._released_at.items() if at > oldest}
 
     # -- what the pipeline asks ------------------------------------------------------------
+    def irregular_since(self, mark: int) -> bool:
+        """True while keys are held or rows in flight hold their key back in the database,
+        or when a key was released since the pass that took ``mark`` began: rows of those
+        keys may wait behind that pass's cursor, and only a pass from the beginning finds
+        them (no notification announces them)."""
+        return bool(self._held_keys or self._holders) or self._releases > mark
+
     def empty(self) -> bool:
         """True when no row is in flight."""
         return not self._lanes

@@ -55,15 +55,77 @@ def listen_plan(
     return ListenPlan(True, database_url)
 
 
+def notified_seqs(payload: str) -> tuple[int, int] | None:
+    """The lowest and highest seq an inserting statement wrote, from its notification's
+    payload ('<lowest>,<highest>', migration 0004); None when it says nothing usable (an
+    older trigger, a redrive's wake-up): then only a full pass is sure to find its rows."""
+    lowest, comma, highest = payload.partition(",")
+    if not comma or not (lowest.isdigit() and highest.isdigit()):
+        return None
+    seqs = int(lowest), int(highest)
+    return seqs if 0 < seqs[0] <= seqs[1] else None
+
+
+def fetch_start(cursor: int, lowest_notified: int | None) -> int:
+    """Where a fetch after ``cursor`` starts: before the lowest seq notified since the last
+    fetch began, so a transaction that committed after the cursor moved past its rows (seq
+    is taken at INSERT, not at COMMIT) is read at once, before any later row of its key."""
+    if lowest_notified is None:
+        return cursor
+    return max(0, min(cursor, lowest_notified - 1))
+
+
 class WakeUp:
-    """A flag the fetch loop waits on: set by notifications and news, cleared by the loop."""
+    """A flag the fetch loop waits on: set by notifications and news, cleared by the loop.
+
+    It also keeps what notifications said since the fetch loop last looked: the lowest seq
+    notified (where the next fetch must start at the latest), the highest seq heard of so
+    far, and whether something asked for a full pass (from the beginning of the outbox).
+    """
 
     def __init__(self) -> None:
         self._event = anyio.Event()
+        self._lowest: int | None = None
+        self._full_pass = False
+        # The highest seq of every notification received on the listening connection.
+        self.heard_up_to = 0
 
     def set(self) -> None:
         """Wake the fetch loop (now, or as soon as it next waits)."""
         self._event.set()
+
+    def request_full_pass(self) -> None:
+        """Wake the fetch loop for a pass from the beginning: rows may lie anywhere."""
+        self._full_pass = True
+        self.set()
+
+    def notified(self, payload: str) -> None:
+        """An inserting statement committed; its payload says which seqs it wrote."""
+        seqs = notified_seqs(payload)
+        if seqs is None:
+            self.request_full_pass()
+            return
+        lowest, highest = seqs
+        self._lowest = lowest if self._lowest is None else min(self._lowest, lowest)
+        self.heard_up_to = max(self.heard_up_to, highest)
+        self.set()
+
+    def full_pass_requested(self) -> bool:
+        """True when a full pass was asked for since the last :meth:`take_start`."""
+        return self._full_pass
+
+    def lowest_notified(self) -> int | None:
+        """The lowest seq notified since the last :meth:`take_start`, if any."""
+        return self._lowest
+
+    def take_start(self, cursor: int) -> int:
+        """Where a fetch starting now after ``cursor`` begins; what was notified so far is
+        covered by it (a committed row is visible to a statement that starts later)."""
+        start = fetch_start(cursor, self._lowest)
+        self._lowest = None
+        if start == 0:
+            self._full_pass = False
+        return start
 
     def clear(self) -> None:
         """Forget earlier wake-ups: the loop is about to look for work anyway."""
@@ -117,7 +179,8 @@ class NotificationListener:
             try:
                 await conn.add_listener(sql.LISTEN_CHANNEL, self._on_notify)
                 attempt = 0
-                self._wake.set()  # anything committed while we were not listening
+                # Anything committed while we were not listening, anywhere in the outbox.
+                self._wake.request_full_pass()
                 while True:
                     await anyio.sleep(self._poll_interval_ms / 1000)
                     with anyio.fail_after(_KEEPALIVE_TIMEOUT_S):
@@ -129,5 +192,5 @@ class NotificationListener:
             finally:
                 conn.terminate()
 
-    def _on_notify(self, *_: object) -> None:
-        self._wake.set()
+    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        self._wake.notified(payload)

@@ -21,7 +21,12 @@ import migrations
 
 REPO = Path(__file__).resolve().parents[2]
 MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
-SHIPPED = ("0001_outbox.sql", "0002_scoring_job_state.sql", "0003_scoring_job_health_indexes.sql")
+SHIPPED = (
+    "0001_outbox.sql",
+    "0002_scoring_job_state.sql",
+    "0003_scoring_job_health_indexes.sql",
+    "0004_outbox_notify_seq.sql",
+)
 
 # Environment the CLI reads; a test states every input it wants the process to see.
 _SCRUBBED_PREFIXES = ("PG", "OUTBOX_RELAY_", "KAFKA_", "DATABASE_URL")

@@ -336,6 +336,10 @@ async def _drain(queue: asyncio.Queue[tuple[str, str]], settle: float) -> list[t
     return got
 
 
+async def _seqs(db: asyncpg.Connection) -> list[int]:
+    return [r["seq"] for r in await db.fetch("SELECT seq FROM outbox ORDER BY seq")]
+
+
 async def test_insert_notifies_only_at_commit(
     db: asyncpg.Connection, notifications: asyncio.Queue[tuple[str, str]]
 ) -> None:
@@ -345,7 +349,9 @@ async def test_insert_notifies_only_at_commit(
     assert await _drain(notifications, 0.5) == []
     await transaction.commit()
     first = await asyncio.wait_for(notifications.get(), timeout=10)
-    assert first == ("outbox_relay", "")
+    (seq,) = await _seqs(db)
+    # The lowest and highest seq the statement wrote (migration 0004).
+    assert first == ("outbox_relay", f"{seq},{seq}")
     assert await _drain(notifications, 0.3) == []
 
 
@@ -359,7 +365,7 @@ async def test_a_rolled_back_insert_never_notifies(
     assert await _drain(notifications, 0.5) == []
 
 
-async def test_notifications_of_one_transaction_are_folded(
+async def test_each_inserting_statement_notifies_the_seqs_it_wrote_at_commit(
     db: asyncpg.Connection, notifications: asyncio.Queue[tuple[str, str]]
 ) -> None:
     async with db.transaction():
@@ -369,9 +375,19 @@ async def test_notifications_of_one_transaction_are_folded(
             "INSERT INTO outbox (aggregatetype, aggregateid, type, payload)"
             " SELECT 'a', 'k-' || g, 't', '{}' FROM generate_series(1, 50) g"
         )
-    assert await asyncio.wait_for(notifications.get(), timeout=10) == ("outbox_relay", "")
+        await db.execute(  # no rows: nothing to announce
+            "INSERT INTO outbox (aggregatetype, aggregateid, type, payload)"
+            " SELECT 'a', 'k', 't', '{}' WHERE false"
+        )
+    seqs = await _seqs(db)
+    assert len(seqs) == 52
+    got = [await asyncio.wait_for(notifications.get(), timeout=10) for _ in range(3)]
+    assert got == [
+        ("outbox_relay", f"{seqs[0]},{seqs[0]}"),
+        ("outbox_relay", f"{seqs[1]},{seqs[1]}"),
+        ("outbox_relay", f"{seqs[2]},{seqs[-1]}"),
+    ]
     assert await _drain(notifications, 0.5) == []
-    assert await db.fetchval("SELECT count(*) FROM outbox") == 52
 
 
 async def test_each_committed_transaction_notifies(
@@ -380,4 +396,5 @@ async def test_each_committed_transaction_notifies(
     await db.execute(WRITER_INSERT)  # autocommit: its own transaction
     await db.execute(WRITER_INSERT)
     got = [await asyncio.wait_for(notifications.get(), timeout=10) for _ in range(2)]
-    assert got == [("outbox_relay", ""), ("outbox_relay", "")]
+    first, second = await _seqs(db)
+    assert got == [("outbox_relay", f"{first},{first}"), ("outbox_relay", f"{second},{second}")]

@@ -1,0 +1,196 @@
+"""A light-load fetch starts from where the last one stopped, never delaying a late commit.
+
+seq is taken at INSERT, not at COMMIT: with concurrent writers a transaction can commit a
+row below seqs the relay has already read. The trigger's notification names the lowest and
+highest seq each inserting statement wrote (migration 0004); the relay reads from its
+cursor, goes back below the lowest seq notified, and sends only rows it has heard of
+(docs/relay.md, "Fetching: passes"). The poll interval is a minute in these tests, so only
+notifications can deliver the late rows in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import asyncpg
+import pytest
+
+from relay.store import RelayStore
+from tests.relay.harness import RunningRelay, fast_config, running_relay, wait_until
+
+_LONG_POLL_MS = 60_000
+_PROMPTLY_S = 30  # generous on a busy machine, and still half the poll interval
+_LANES = 64
+
+INSERT_ROW = """
+INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
+VALUES ('order', $1, 'changed', $2::jsonb) RETURNING seq, id::text
+"""
+PUBLISHED_COUNT = "SELECT count(*) FROM outbox_receipt WHERE id = ANY($1::uuid[])"
+PUBLISHED = "SELECT id::text, kafka_partition, kafka_offset FROM outbox_receipt WHERE id = ANY($1)"
+
+
+async def _insert(conn: asyncpg.Connection, key: str, n: int) -> asyncpg.Record:
+    row = await conn.fetchrow(INSERT_ROW, key, json.dumps(n))
+    assert row is not None
+    return row
+
+
+async def _all_published(db: asyncpg.Connection, ids: list[str], timeout: float) -> None:
+    await wait_until(lambda: _count_published(db, ids), timeout=timeout, interval=0.02)
+
+
+async def _count_published(db: asyncpg.Connection, ids: list[str]) -> bool:
+    return bool(await db.fetchval(PUBLISHED_COUNT, ids) == len(ids))
+
+
+async def _published_order(db: asyncpg.Connection, ids: list[str]) -> list[str]:
+    rows = await db.fetch(PUBLISHED, ids)
+    assert len({r["kafka_partition"] for r in rows}) == 1  # one key, one partition
+    return [r["id"] for r in sorted(rows, key=lambda r: r["kafka_offset"])]
+
+
+async def _settled(running: RunningRelay, db: asyncpg.Connection) -> str:
+    """Every lane held and one event published: the relay is past its first full pass."""
+    await wait_until(
+        lambda: running.metric("outbox_relay_lanes_owned") == _LANES, timeout=_PROMPTLY_S
+    )
+    warm = await _insert(db, "k-warm", 0)
+    await _all_published(db, [warm["id"]], _PROMPTLY_S)
+    return str(warm["id"])
+
+
+async def test_a_late_commit_below_the_cursor_is_published_before_the_poll_and_in_key_order(
+    db: asyncpg.Connection, database_url: str, kafka_bootstrap: str, topic_namespace: str
+) -> None:
+    config = fast_config(
+        database_url, kafka_bootstrap, topic_namespace, poll_interval_ms=_LONG_POLL_MS
+    )
+    late = await asyncpg.connect(database_url)
+    try:
+        async with running_relay(config) as running:
+            await _settled(running, db)
+            # The late row takes its seq first; a row after it commits and is published,
+            # so the relay's cursor is past the late row when it commits.
+            late_tx = late.transaction()
+            await late_tx.start()
+            late_row = await _insert(late, "k-late", 1)
+            passed = await _insert(db, "k-other", 1)
+            await _all_published(db, [passed["id"]], _PROMPTLY_S)
+            assert passed["seq"] > late_row["seq"]
+            await late_tx.commit()
+            # The key's next row, committed after the late one: it must not overtake it.
+            following = await _insert(db, "k-late", 2)
+            ids = [late_row["id"], following["id"]]
+            await _all_published(db, ids, _PROMPTLY_S)
+    finally:
+        await late.close()
+    assert await _published_order(db, ids) == ids, "a key's rows reached Kafka out of order"
+
+
+async def test_a_light_load_fetch_starts_from_the_cursor_not_the_beginning(
+    db: asyncpg.Connection,
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    starts: list[int] = []
+    fetch_ready = RelayStore.fetch_ready
+
+    async def recording_fetch(store: RelayStore, lanes: Any, cursor: int, limit: int) -> Any:
+        starts.append(cursor)
+        return await fetch_ready(store, lanes, cursor, limit)
+
+    monkeypatch.setattr(RelayStore, "fetch_ready", recording_fetch)
+    config = fast_config(
+        database_url, kafka_bootstrap, topic_namespace, poll_interval_ms=_LONG_POLL_MS
+    )
+    async with running_relay(config) as running:
+        await _settled(running, db)
+        first = await _insert(db, "k-light", 0)
+        await _all_published(db, [first["id"]], _PROMPTLY_S)
+        starts.clear()
+        # One event at a time, as at light load: each is fetched on its notification.
+        for n in range(1, 6):
+            row = await _insert(db, f"k-light-{n}", n)
+            await _all_published(db, [row["id"]], _PROMPTLY_S)
+    assert starts, "no fetch ran"
+    # Every fetch started at or past a row already published, never from seq 0: the
+    # index entries of the rows published before are not walked again.
+    assert min(starts) >= first["seq"], f"fetches started at {starts}"
+
+
+async def test_a_fetch_that_starts_above_a_commit_it_has_not_heard_of_keeps_key_order(
+    db: asyncpg.Connection,
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The race a notified seq alone would lose: a late row and its key's next row both
+    commit after the relay chose where its fetch starts (above the late row), and before
+    the fetch's statement takes its snapshot. The fetch sees the next row; it must not
+    send it before the late row."""
+    late = await asyncpg.connect(database_url)
+    successor = await asyncpg.connect(database_url)
+    staged = asyncio.Event()
+    armed_above = 0
+    ids: list[str] = []
+    fetch_ready = RelayStore.fetch_ready
+    late_tx = late.transaction()
+
+    async def commit_behind_the_start(
+        store: RelayStore, lanes: Any, cursor: int, limit: int
+    ) -> Any:
+        if armed_above and cursor >= armed_above and not staged.is_set():
+            staged.set()
+            await late_tx.commit()
+            ids.append((await _insert(successor, "k-race", 2))["id"])
+        return await fetch_ready(store, lanes, cursor, limit)
+
+    monkeypatch.setattr(RelayStore, "fetch_ready", commit_behind_the_start)
+    config = fast_config(
+        database_url, kafka_bootstrap, topic_namespace, poll_interval_ms=_LONG_POLL_MS
+    )
+    try:
+        async with running_relay(config) as running:
+            await _settled(running, db)
+            await late_tx.start()
+            late_row = await _insert(late, "k-race", 1)
+            ids.insert(0, late_row["id"])
+            passed = await _insert(db, "k-passed", 1)
+            await _all_published(db, [passed["id"]], _PROMPTLY_S)
+            # The next fetch starts at or past `passed`, above the late row.
+            armed_above = passed["seq"]
+            wake = await _insert(db, "k-wake", 1)
+            await _all_published(db, [wake["id"]], _PROMPTLY_S)
+            assert staged.is_set(), "the staged fetch never ran: the scenario did not happen"
+            await _all_published(db, ids, _PROMPTLY_S)
+    finally:
+        await late.close()
+        await successor.close()
+    assert await _published_order(db, ids) == ids, "a key's rows reached Kafka out of order"
+
+
+async def test_a_notification_without_seqs_brings_a_full_pass(
+    db: asyncpg.Connection, database_url: str, kafka_bootstrap: str, topic_namespace: str
+) -> None:
+    """A redrive, or a trigger from before the seq payload, wakes the relay with nothing
+    to go by: the rows it announces are found by a full pass, not a poll interval later."""
+    config = fast_config(
+        database_url, kafka_bootstrap, topic_namespace, poll_interval_ms=_LONG_POLL_MS
+    )
+    async with running_relay(config) as running:
+        await _settled(running, db)
+        # Committed without its notification, as under the trigger before migration 0004
+        # (whose notification said nothing), then announced by an empty one.
+        await db.execute("ALTER TABLE outbox DISABLE TRIGGER outbox_relay_notify")
+        try:
+            silent = await _insert(db, "k-silent", 1)
+        finally:
+            await db.execute("ALTER TABLE outbox ENABLE TRIGGER outbox_relay_notify")
+        await db.execute("SELECT pg_notify('outbox_relay', '')")
+        await _all_published(db, [silent["id"]], _PROMPTLY_S)
