@@ -610,8 +610,10 @@ class Soak:
     async def run(self) -> SoakResult:
         started = time.monotonic()
         self.load_at_start = os.getloadavg()[0]
-        await self.services.start()
         try:
+            # Inside the try: a service that fails to start must not leave the one started
+            # before it running on the soak's port (tests/soak/test_start_failure.py).
+            await self.services.start()
             return await self._run(started)
         finally:
             self.stop_all.set()
