@@ -49,6 +49,7 @@ than ``W``, an open transaction the role may not see, a prepared transaction, or
 from __future__ import annotations
 
 import contextlib
+from collections.abc import AsyncIterator
 
 import asyncpg
 
@@ -65,7 +66,6 @@ from health.families.completion_outbox import (
 )
 from health.probing import (
     CLOCK,
-    fetch_probe,
     fetch_probe_rows,
     unix_ms,
     unix_us,
@@ -192,16 +192,18 @@ UNION ALL
    AND remembered.updated_at < {_EPOCH.format("$2")})
 """
 
-# Statement 2 runs in a read-only transaction of its own, on its generic plan. With the
-# bounds as parameters PostgreSQL would otherwise plan it on every evaluation: it prices
-# the generic plan for an unknown range (a share of the whole table) above a custom plan
-# for the few rows actually in range, and planning cost 1-5 ms against 0.1 ms to run it —
-# the whole difference between an empty and a million-job history. The generic plan is
-# built once per connection (again after ANALYZE or a schema change), from statistics that
-# may be stale or from a table still empty, so sequential scans are ruled out: the index
-# paths above are then the cheapest whatever the statistics say. Each statement of a
-# READ COMMITTED transaction takes its own snapshot, after statement 1 as the xact_start
-# rule needs; SET LOCAL ends with the transaction, also behind a transaction pooler.
+# Both statements run in a read-only transaction of their own, on their generic plans.
+# With the bounds as parameters PostgreSQL would otherwise plan statement 2 on every
+# evaluation: it prices the generic plan for an unknown range (a share of the whole table)
+# above a custom plan for the few rows actually in range, and planning cost 1-5 ms against
+# 0.1 ms to run it — the whole difference between an empty and a million-job history. A
+# generic plan is built once per connection (again after ANALYZE or a schema change), from
+# statistics that may be stale or from a table still empty, so sequential scans are ruled
+# out: the index paths are then the cheapest whatever the statistics say (statement 1's
+# newest-terminal guard included, which on a small table's statistics read it whole). Each
+# statement of a READ COMMITTED transaction takes its own snapshot, statement 2's after
+# statement 1, as the xact_start rule needs; SET LOCAL ends with the transaction, also
+# behind a transaction pooler.
 GENERIC_PLAN_TRANSACTION = (
     "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY;"
     " SET LOCAL plan_cache_mode = force_generic_plan;"
@@ -209,20 +211,18 @@ GENERIC_PLAN_TRANSACTION = (
 )
 
 
-async def _fetch_on_generic_plan(
-    conn: asyncpg.Connection, query: str, *args: object
-) -> list[asyncpg.Record]:
-    """Every row of ``query``, run on its generic plan in a read-only transaction of its own."""
+@contextlib.asynccontextmanager
+async def _generic_plan_transaction(conn: asyncpg.Connection) -> AsyncIterator[None]:
+    """A read-only transaction whose statements run on their generic plans; ended always."""
     try:
         await conn.execute(GENERIC_PLAN_TRANSACTION)
-        rows = await fetch_probe_rows(conn, query, *args)
+        yield
         await conn.execute("COMMIT")
     except BaseException:  # a failure or a cancellation: leave no transaction behind
         if not conn.is_closed() and conn.is_in_transaction():
             with contextlib.suppress(*DB_ERRORS):  # a broken connection ends it anyway
                 await conn.execute("ROLLBACK")
         raise
-    return rows
 
 
 class _State:
@@ -321,10 +321,27 @@ class CompletionTracker:
         if conn.is_in_transaction():
             # One snapshot for both statements would defeat the horizon read.
             return await self._full(conn, policy, receipt_retention_ms)
-        horizon = without_newest(await fetch_probe(conn, COMPLETION_HORIZON), NEWEST_TERMINAL_FIELD)
+        # Both statements in one READ COMMITTED transaction: each takes its own snapshot,
+        # the check's after the horizon read, as the xact_start rule needs.
+        async with _generic_plan_transaction(conn):
+            evidence = await self._incremental(conn, policy, receipt_retention_ms, state)
+        if evidence is None:
+            return await self._full(conn, policy, receipt_retention_ms)
+        return evidence
+
+    async def _incremental(
+        self,
+        conn: asyncpg.Connection,
+        policy: CompletionOutboxPolicy,
+        receipt_retention_ms: int | None,
+        state: _State | None,
+    ) -> CompletionOutboxEvidence | None:
+        """The incremental evidence, or None when only the full check can be trusted."""
+        (row,) = await fetch_probe_rows(conn, COMPLETION_HORIZON)
+        horizon = without_newest(row, NEWEST_TERMINAL_FIELD)
         clock_us: int = horizon["clock_us"]
         if horizon["hidden_count"] or horizon["prepared_count"]:
-            return await self._full(conn, policy, receipt_retention_ms)
+            return None
         upper_us = clock_us - policy.grace_ms * 1000
         oldest_open: int | None = horizon["oldest_xact_start_us"]
         settle_us = (upper_us if oldest_open is None else min(upper_us, oldest_open)) - (
@@ -364,10 +381,10 @@ class CompletionTracker:
             args += (list(remembered), lower_us)
         else:
             statement = COMPLETION_INCREMENT
-        rows = await _fetch_on_generic_plan(conn, statement, *args)
+        rows = await fetch_probe_rows(conn, statement, *args)
         missing = {row["ref"]: row for row in rows}
         if len(missing) > self._max:
-            return await self._full(conn, policy, receipt_retention_ms)
+            return None
         oldest = min((row["updated_at_unix_ms"] for row in missing.values()), default=None)
         if state is None:
             self.full_checks += 1
