@@ -20,15 +20,20 @@ from health.rules import Verdict, count_over, timestamp_problems, verdict
 # it, by its delivery receipt. The state list matches the partial index
 # scoring_job_state_terminal_updated_idx (migration 0003) and both lookups read the
 # `aggregateid` partial indexes (migration 0001). A conjunction: AND it with the rest.
-TERMINAL_JOB_WITHOUT_EVENT = """job.scoring_state IN ('completed', 'quarantined')
+# Its parts are named for the sidecar's incremental check, which writes the two lookups as
+# per-row probes (health/families/completion_tracker.py).
+TERMINAL_JOB = "job.scoring_state IN ('completed', 'quarantined')"
+PENDING_EVENT_OF_JOB = """SELECT 1 FROM outbox AS event
+          WHERE event.aggregatetype = 'scoring_job' AND event.aggregateid = job.scoring_job_ref"""
+RECEIPT_OF_JOB = """SELECT 1 FROM outbox_receipt AS receipt
+          WHERE receipt.aggregatetype = 'scoring_job'
+            AND receipt.aggregateid = job.scoring_job_ref"""
+TERMINAL_JOB_WITHOUT_EVENT = f"""{TERMINAL_JOB}
       AND NOT EXISTS (
-          SELECT 1 FROM outbox AS event
-          WHERE event.aggregatetype = 'scoring_job' AND event.aggregateid = job.scoring_job_ref
+          {PENDING_EVENT_OF_JOB}
       )
       AND NOT EXISTS (
-          SELECT 1 FROM outbox_receipt AS receipt
-          WHERE receipt.aggregatetype = 'scoring_job'
-            AND receipt.aggregateid = job.scoring_job_ref
+          {RECEIPT_OF_JOB}
       )"""
 
 # The newest terminal job's updated_at when it lies after the clock (else NULL): such a job

@@ -48,6 +48,9 @@ than ``W``, an open transaction the role may not see, a prepared transaction, or
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import asyncpg
 
 from contracts.health import CompletionOutboxEvidence
@@ -56,17 +59,19 @@ from health.errors import HealthSettingError
 from health.families.completion_outbox import (
     NEWEST_TERMINAL,
     NEWEST_TERMINAL_FIELD,
-    TERMINAL_JOB_WITHOUT_EVENT,
+    PENDING_EVENT_OF_JOB,
+    RECEIPT_OF_JOB,
+    TERMINAL_JOB,
     probe_completion_outbox,
 )
 from health.probing import (
     CLOCK,
-    fetch_probe,
     fetch_probe_rows,
     unix_ms,
     unix_us,
     without_newest,
 )
+from pgconnect import DB_ERRORS
 
 RECHECK_PERIOD_MS = 21_600_000
 """The rolling re-check overtakes the whole window once every six hours: with a 5 s interval
@@ -131,16 +136,31 @@ CROSS JOIN (
 )
 
 # Statement 2, one snapshot: the terminal jobs without an event (the family's one rule)
-# in [$1, $2) (new since the watermark, through clock - grace; at most $5 rows), each
-# flagged `settled` when it is below the horizon $3; the remembered refs $4 that are
-# still missing and still inside the window [$6, $2); and the rolling re-check's slice
-# [$7, $8) below the watermark (at most $5 rows). Bounds are unix microseconds, exactly
-# the database's timestamp precision, so the window is the full check's to the microsecond.
+# in [$1, $2) (new since the watermark, through clock - grace; at most $4 rows), each
+# flagged `settled` when it is below the horizon $3, and the rolling re-check's slice
+# [$5, $6) below the watermark (at most $4 rows); with remembered refs, also those of
+# $7 that are still missing and still inside the window [$8, $2). Bounds are unix
+# microseconds, exactly the database's timestamp precision, so the window is the full
+# check's to the microsecond.
+#
+# It runs on one cached generic plan per connection (see GENERIC_PLAN_TRANSACTION), so it must have
+# a plan that is right whatever the bounds and the table sizes: an index range scan of the
+# terminal partial index, each row probed by index for its receipt, then its pending
+# event. The probes are scalar subqueries, which PostgreSQL never turns into hash or merge
+# joins (NOT EXISTS becomes an anti-join, or a hashed subplan, that a plan built for one
+# state would keep for another); COALESCE asks for the pending event only when there is
+# no receipt, the usual case being a published job.
 _EPOCH = "timestamptz 'epoch' + {}::bigint * interval '1 microsecond'"
+
+_WITHOUT_EVENT = f"""{TERMINAL_JOB}
+   AND COALESCE(({RECEIPT_OF_JOB}
+          LIMIT 1),
+        ({PENDING_EVENT_OF_JOB}
+          LIMIT 1)) IS NULL"""
 
 
 def _missing_between(lower: str, upper: str, settled: str) -> str:
-    """SQL: at most $5 terminal jobs without an event with ``updated_at`` in [lower, upper)."""
+    """SQL: at most $4 terminal jobs without an event with ``updated_at`` in [lower, upper)."""
     return f"""
 (SELECT job.scoring_job_ref AS ref,
         {settled} AS settled,
@@ -148,24 +168,61 @@ def _missing_between(lower: str, upper: str, settled: str) -> str:
  FROM scoring_job_state AS job
  WHERE job.updated_at >= {_EPOCH.format(lower)}
    AND job.updated_at < {_EPOCH.format(upper)}
-   AND {TERMINAL_JOB_WITHOUT_EVENT}
- LIMIT $5)"""
+   AND {_WITHOUT_EVENT}
+ LIMIT $4)"""
 
 
 COMPLETION_INCREMENT = f"""
 {_missing_between("$1", "$2", f"job.updated_at < {_EPOCH.format('$3')}")}
 UNION ALL
-(SELECT job.scoring_job_ref AS ref,
-        true AS settled,
-        {unix_ms("job.updated_at")} AS updated_at_unix_ms
- FROM scoring_job_state AS job
- WHERE job.scoring_job_ref = ANY($4::text[])
-   AND job.updated_at >= {_EPOCH.format("$6")}
-   AND job.updated_at < {_EPOCH.format("$2")}
-   AND {TERMINAL_JOB_WITHOUT_EVENT})
-UNION ALL
-{_missing_between("$7", "$8", "true")}
+{_missing_between("$5", "$6", "true")}
 """
+
+# The remembered refs are looked up by primary key; OFFSET 0 keeps the window test out of
+# that scan, so that no plan reads the whole window through the range index to find them.
+COMPLETION_INCREMENT_WITH_REMEMBERED = f"""{COMPLETION_INCREMENT}
+UNION ALL
+(SELECT remembered.ref, true AS settled, {unix_ms("remembered.updated_at")} AS updated_at_unix_ms
+ FROM (SELECT job.scoring_job_ref AS ref, job.updated_at
+       FROM scoring_job_state AS job
+       WHERE job.scoring_job_ref = ANY($7::text[])
+         AND {_WITHOUT_EVENT}
+       OFFSET 0) AS remembered
+ WHERE remembered.updated_at >= {_EPOCH.format("$8")}
+   AND remembered.updated_at < {_EPOCH.format("$2")})
+"""
+
+# Both statements run in a read-only transaction of their own, on their generic plans.
+# With the bounds as parameters PostgreSQL would otherwise plan statement 2 on every
+# evaluation: it prices the generic plan for an unknown range (a share of the whole table)
+# above a custom plan for the few rows actually in range, and planning cost 1-5 ms against
+# 0.1 ms to run it — the whole difference between an empty and a million-job history. A
+# generic plan is built once per connection (again after ANALYZE or a schema change), from
+# statistics that may be stale or from a table still empty, so sequential scans are ruled
+# out: the index paths are then the cheapest whatever the statistics say (statement 1's
+# newest-terminal guard included, which on a small table's statistics read it whole). Each
+# statement of a READ COMMITTED transaction takes its own snapshot, statement 2's after
+# statement 1, as the xact_start rule needs; SET LOCAL ends with the transaction, also
+# behind a transaction pooler.
+GENERIC_PLAN_TRANSACTION = (
+    "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY;"
+    " SET LOCAL plan_cache_mode = force_generic_plan;"
+    " SET LOCAL enable_seqscan = off"
+)
+
+
+@contextlib.asynccontextmanager
+async def _generic_plan_transaction(conn: asyncpg.Connection) -> AsyncIterator[None]:
+    """A read-only transaction whose statements run on their generic plans; ended always."""
+    try:
+        await conn.execute(GENERIC_PLAN_TRANSACTION)
+        yield
+        await conn.execute("COMMIT")
+    except BaseException:  # a failure or a cancellation: leave no transaction behind
+        if not conn.is_closed() and conn.is_in_transaction():
+            with contextlib.suppress(*DB_ERRORS):  # a broken connection ends it anyway
+                await conn.execute("ROLLBACK")
+        raise
 
 
 class _State:
@@ -264,10 +321,27 @@ class CompletionTracker:
         if conn.is_in_transaction():
             # One snapshot for both statements would defeat the horizon read.
             return await self._full(conn, policy, receipt_retention_ms)
-        horizon = without_newest(await fetch_probe(conn, COMPLETION_HORIZON), NEWEST_TERMINAL_FIELD)
+        # Both statements in one READ COMMITTED transaction: each takes its own snapshot,
+        # the check's after the horizon read, as the xact_start rule needs.
+        async with _generic_plan_transaction(conn):
+            evidence = await self._incremental(conn, policy, receipt_retention_ms, state)
+        if evidence is None:
+            return await self._full(conn, policy, receipt_retention_ms)
+        return evidence
+
+    async def _incremental(
+        self,
+        conn: asyncpg.Connection,
+        policy: CompletionOutboxPolicy,
+        receipt_retention_ms: int | None,
+        state: _State | None,
+    ) -> CompletionOutboxEvidence | None:
+        """The incremental evidence, or None when only the full check can be trusted."""
+        (row,) = await fetch_probe_rows(conn, COMPLETION_HORIZON)
+        horizon = without_newest(row, NEWEST_TERMINAL_FIELD)
         clock_us: int = horizon["clock_us"]
         if horizon["hidden_count"] or horizon["prepared_count"]:
-            return await self._full(conn, policy, receipt_retention_ms)
+            return None
         upper_us = clock_us - policy.grace_ms * 1000
         oldest_open: int | None = horizon["oldest_xact_start_us"]
         settle_us = (upper_us if oldest_open is None else min(upper_us, oldest_open)) - (
@@ -294,21 +368,23 @@ class CompletionTracker:
             )
             # Past the watermark: the next evaluation starts over at the window start.
             next_sweep = lower_us if sweep_to >= scan_from else sweep_to
-        rows = await fetch_probe_rows(
-            conn,
-            COMPLETION_INCREMENT,
+        args: tuple[object, ...] = (
             scan_from,
             upper_us,
             settle_us,
-            list(remembered),
             self._max + 1,
-            lower_us,
             sweep_from,
             sweep_to,
         )
+        if remembered:
+            statement = COMPLETION_INCREMENT_WITH_REMEMBERED
+            args += (list(remembered), lower_us)
+        else:
+            statement = COMPLETION_INCREMENT
+        rows = await fetch_probe_rows(conn, statement, *args)
         missing = {row["ref"]: row for row in rows}
         if len(missing) > self._max:
-            return await self._full(conn, policy, receipt_retention_ms)
+            return None
         oldest = min((row["updated_at_unix_ms"] for row in missing.values()), default=None)
         if state is None:
             self.full_checks += 1

@@ -8,6 +8,7 @@ import asyncio
 import datetime as dt
 import json
 import random
+import re
 from typing import Any
 
 import asyncpg
@@ -18,7 +19,12 @@ from contracts.health import CompletionOutboxEvidence
 from contracts.policy import CompletionOutboxPolicy, Family
 from health.evaluate import evaluate
 from health.families.completion_outbox import probe_completion_outbox
-from health.families.completion_tracker import COMPLETION_INCREMENT, CompletionTracker
+from health.families.completion_tracker import (
+    COMPLETION_INCREMENT,
+    COMPLETION_INCREMENT_WITH_REMEMBERED,
+    GENERIC_PLAN_TRANSACTION,
+    CompletionTracker,
+)
 from health.sidecar import HealthSidecar
 from tests.health.conftest import (
     RECEIPT_RETENTION_MS,
@@ -317,9 +323,8 @@ async def test_one_shot_evaluate_is_the_full_check(db: asyncpg.Connection) -> No
     assert result.evidence is not None and result.evidence.missing_count == 1
 
 
-async def test_increment_plan_reads_the_window_through_partial_indexes(
-    db: asyncpg.Connection,
-) -> None:
+async def _fill_window(db: asyncpg.Connection, jobs: int) -> None:
+    """``jobs`` terminal jobs an hour old, each with its receipt, and fresh statistics."""
     await db.execute(
         """
         INSERT INTO scoring_job_state (scoring_job_ref, scoring_request_ref, scoring_state,
@@ -327,8 +332,9 @@ async def test_increment_plan_reads_the_window_through_partial_indexes(
             updated_at)
         SELECT 'hist-' || g, 'req-' || g, 'completed', 1, 3, 'res-' || g, 1,
                now() - interval '1 hour', now() - interval '1 hour'
-        FROM generate_series(1, 20000) AS g
-        """
+        FROM generate_series(1, $1) AS g
+        """,
+        jobs,
     )
     await db.execute(
         """
@@ -336,24 +342,80 @@ async def test_increment_plan_reads_the_window_through_partial_indexes(
             kafka_partition, kafka_offset, created_at, published_at)
         SELECT gen_random_uuid(), 'scoring_job', 'hist-' || g, 'scoring.result.completed',
                'outbox.event.scoring_job', 0, g, now(), now()
-        FROM generate_series(1, 20000) AS g
-        """
+        FROM generate_series(1, $1) AS g
+        """,
+        jobs,
     )
     await db.execute("VACUUM ANALYZE scoring_job_state")
     await db.execute("VACUUM ANALYZE outbox_receipt")
-    now_ms = int((await db_now(db)).timestamp() * 1000)
-    now_us = now_ms * 1000
-    # The rolling re-check's slice: ten minutes of the settled part of the window.
-    sweep = f"{now_us - 3_600_000_000}, {now_us - 3_000_000_000}"
-    args = f"{now_us - 5_000_000}, {now_us}, {now_us - 1_000_000}, '{{x-1}}', 10001, 0, {sweep}"
-    await db.execute(
-        "PREPARE increment(bigint, bigint, bigint, text[], bigint, bigint, bigint, bigint) AS "
-        + COMPLETION_INCREMENT
+
+
+@pytest.mark.parametrize("with_remembered", [False, True])
+async def test_increment_plan_reads_the_window_through_partial_indexes(
+    db: asyncpg.Connection, with_remembered: bool
+) -> None:
+    """The plan the tracker caches reads ranges and keys through indexes, whatever the bounds.
+
+    Its generic plan is built once and kept for every later state, so it is checked with
+    bounds spanning the whole window too, where a plan chosen for a few rows (or a hash of
+    every receipt) would read the history: the rows each scan returns stay those in range.
+    """
+    await _fill_window(db, 20000)
+    now_us = int((await db_now(db)).timestamp() * 1_000_000)
+    window = now_us - 86_400_000_000
+    # New work over the whole window, the re-check's slice over the whole window.
+    args = f"{window}, {now_us}, {now_us - 1_000_000}, 10001, {window}, {now_us}"
+    statement, types = COMPLETION_INCREMENT, "bigint, bigint, bigint, bigint, bigint, bigint"
+    if with_remembered:
+        statement = COMPLETION_INCREMENT_WITH_REMEMBERED
+        types += ", text[], bigint"
+        args += f", '{{hist-7,x-1}}', {window}"
+    await db.execute(GENERIC_PLAN_TRANSACTION)
+    try:
+        await db.execute(f"PREPARE increment({types}) AS {statement}")
+        raw = await db.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE increment({args})")
+    finally:
+        await db.execute("ROLLBACK")
+    plan = json.loads(raw) if isinstance(raw, str) else raw
+    text = json.dumps(plan)
+    for shape in ("Seq Scan", "Hash", "Merge", "BitmapAnd"):
+        assert shape not in text, (shape, text)
+    assert "scoring_job_state_terminal_updated_idx" in text
+    assert "outbox_receipt_scoring_job_idx" in text
+    assert "outbox_scoring_job_idx" in text
+    # Every probe of a receipt or an event is a lookup of one job's key.
+    for node in _nodes(plan[0]["Plan"]):
+        if node.get("Relation Name") in ("outbox", "outbox_receipt"):
+            assert re.fullmatch(
+                r"\(aggregateid = job(_\d+)?\.scoring_job_ref\)", node["Index Cond"]
+            )
+        if node.get("Index Name") == "scoring_job_state_pkey":
+            assert node["Actual Rows"] * node.get("Actual Loops", 1) <= 1, node
+
+
+def _nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+    return [node, *(n for child in node.get("Plans", []) for n in _nodes(child))]
+
+
+async def test_steady_state_runs_on_a_cached_plan(db: asyncpg.Connection) -> None:
+    """With a history in the window the tracker's statement is planned once, not every time.
+
+    With the bounds as parameters PostgreSQL would keep building custom plans (planning
+    then costs ten times the run); on the connection's cached generic plan an evaluation
+    costs what an empty history costs.
+    """
+    await _fill_window(db, 20000)
+    tracker = CompletionTracker()
+    policy = completion_policy(grace_ms=30_000)
+    for _ in range(10):
+        await insert_job(db, "completed")
+        await incremental(db, tracker, policy)
+    assert (tracker.full_checks, tracker.incremental_checks) == (1, 9)
+    plans = await db.fetch(
+        """SELECT generic_plans, custom_plans FROM pg_prepared_statements
+           WHERE statement LIKE '%FROM scoring_job_state AS job%UNION ALL%'
+             AND statement NOT LIKE '%pg_prepared_statements%'"""
     )
-    for mode in ("force_custom_plan", "force_generic_plan"):
-        await db.execute(f"SET plan_cache_mode = {mode}")
-        raw = await db.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE increment({args})")
-        text = json.dumps(json.loads(raw) if isinstance(raw, str) else raw)
-        assert "Seq Scan" not in text, (mode, text)
-        assert "scoring_job_state_terminal_updated_idx" in text, mode
-        assert "outbox_receipt_scoring_job_idx" in text, mode
+    assert plans, "the tracker's statement is prepared on the connection"
+    assert sum(plan["custom_plans"] for plan in plans) == 0, plans
+    assert sum(plan["generic_plans"] for plan in plans) == 10, plans
