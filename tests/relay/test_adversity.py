@@ -75,15 +75,17 @@ async def test_two_relays_split_lanes_and_take_over_from_a_crashed_one(
         second_cm = running_relay(two)
         second = await second_cm.__aenter__()
         try:
+            # The split converges: a heartbeat seen late on a busy machine can make the
+            # first relay take lanes back for a round (a state of 63/1 was seen), so wait
+            # for the fair split rather than assert the first state with two owners.
             await wait_until(
                 lambda: db.fetchval(
-                    "SELECT count(DISTINCT owner_id) = 2 AND count(*) FILTER (WHERE owner_id IS NULL) = 0 "
-                    "FROM relay_lane"
+                    "SELECT array_agg(n ORDER BY n) = '{32,32}'::bigint[]"
+                    " FROM (SELECT count(*) AS n FROM relay_lane"
+                    "       WHERE owner_id IS NOT NULL GROUP BY owner_id) AS owners"
                 ),
-                timeout=20,
+                timeout=30,
             )
-            owners = await db.fetch("SELECT owner_id, count(*) FROM relay_lane GROUP BY owner_id")
-            assert sorted(r["count"] for r in owners) == [32, 32]
             writer = asyncio.create_task(_write_sequence(database_url, keys, 30, 0.03))
             await asyncio.sleep(0.5)
             # Crash the second relay: no drain, no lane hand-back (as kill -9 would leave it).
