@@ -139,6 +139,7 @@ class ProducerKeeper:
         log.warning("replacing the Kafka producer")
         old, self._producer = self._producer, None
         if old is not None:
+            assert self._reset is not None  # made with the producer
             await _stop_shielded(old, self._reset)
         await self.start(stop)
         self.broken = False
@@ -154,14 +155,12 @@ class ProducerKeeper:
         """Stop the topic lookups and the current producer, if any."""
         await self._topics.close()
         if self._producer is not None:
-            if self._reset is not None:
-                self._reset.stopping()
-            await self._producer.stop()
-            if self._reset is not None:
-                self._reset.close_leftovers()
+            assert self._reset is not None  # made with the producer
+            with self._reset.stopping():
+                await self._producer.stop()
 
 
-async def _stop_shielded(producer: AIOKafkaProducer, tracker: ProducerReset | None) -> None:
+async def _stop_shielded(producer: AIOKafkaProducer, tracker: ProducerReset) -> None:
     """Stop a producer we are done with, whatever its sender task was doing.
 
     aiokafka's ``stop`` cancels its sender task and then awaits it; when that task was
@@ -170,12 +169,8 @@ async def _stop_shielded(producer: AIOKafkaProducer, tracker: ProducerReset | No
     so it is absorbed: let through, it unwound the relay as if stopped and the process
     exited 0 (tests/soak/test_found_stall_exit.py).
     """
-    if tracker is not None:
-        tracker.stopping()
-    with anyio.CancelScope(shield=True):
+    with tracker.stopping(), anyio.CancelScope(shield=True):
         try:
             await producer.stop()
         except asyncio.CancelledError:
             log.debug("the old kafka producer's sender task ended cancelled")
-    if tracker is not None:
-        tracker.close_leftovers()

@@ -30,7 +30,7 @@ import contextlib
 import logging
 import socket
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -65,32 +65,32 @@ class ProducerReset:
 
         async def get_conn(*args: Any, **kwargs: Any) -> Any:
             conn = await original(*args, **kwargs)
-            if conn is None:
-                return None
-            if self._stopping:
-                # The client closes only the connections it had when it closed: one that
-                # lands later would stay open, owned by nobody.
-                conn.close()
-                return None
-            self._conns = [c for c in self._conns if c.connected()]
-            self._conns.append(conn)
             writer = getattr(conn, "_writer", None)
             if writer is not None and writer.transport not in self._transports:
+                # A new connection (every request asks for its connection; only a new
+                # transport is recorded).
+                if self._stopping:
+                    # The client closes only the connections it had when it closed: one
+                    # that lands later would stay open, owned by nobody.
+                    conn.close()
+                    return None
                 # Any later close, aiokafka's own included, is then abortive: a graceful
                 # close would deliver the buffered bytes once the path heals.
                 _linger_zero(writer.transport)
                 self._transports = [t for t in self._transports if not t.is_closing()]
                 self._transports.append(writer.transport)
+                self._conns = [c for c in self._conns if c.connected()]
+                self._conns.append(conn)
             return conn
 
         client._get_conn = get_conn
 
-    def stopping(self) -> None:
-        """The producer is being stopped: a connection that opens from now on is closed."""
+    @contextlib.contextmanager
+    def stopping(self) -> Iterator[None]:
+        """Around the producer's stop: a connection that opens meanwhile is closed at once,
+        and one the stopped client left open (opened while it closed) is closed after."""
         self._stopping = True
-
-    def close_leftovers(self) -> None:
-        """Close what the stopped producer's client left open (opened while it closed)."""
+        yield
         for conn in self._conns:
             if conn.connected():
                 conn.close()

@@ -50,3 +50,19 @@ async def test_a_connection_opened_while_the_producer_stops_is_closed(
     for conn in leftover:  # do not leak into the rest of the run either way
         conn.close()
     assert leftover == []
+
+
+async def test_the_connection_tracker_holds_each_connection_once(kafka_bootstrap: str) -> None:
+    """Every request asks the client for its connection; the tracker must not grow with them."""
+    keeper = ProducerKeeper(RelayConfig(database_url=None, kafka_bootstrap=kafka_bootstrap))
+    assert await keeper.start(anyio.Event())
+    producer = keeper._producer
+    tracker = keeper._reset
+    assert producer is not None and tracker is not None
+    node_id = next(iter(producer.client.cluster.brokers())).nodeId
+    try:
+        for _ in range(50):
+            assert await producer.client._get_conn(node_id) is not None
+        assert len(tracker._conns) == len({id(c) for c in tracker._conns}) <= 2
+    finally:
+        await keeper.stop()
