@@ -123,7 +123,8 @@ async def fetch_probe(conn: asyncpg.Connection, query: str, *args: object) -> as
 async def fetch_probe_rows(
     conn: asyncpg.Connection, query: str, *args: object
 ) -> list[asyncpg.Record]:
-    """Every row of a statement run outside a transaction; errors become :class:`ProbeFailure`."""
+    """Every row of a statement; errors become :class:`ProbeFailure`. No savepoint: inside
+    a transaction of the caller's own (the completion check's), a failure ends it."""
     try:
         rows: list[asyncpg.Record] = await conn.fetch(query, *args)
     except DB_ERRORS as exc:
