@@ -162,18 +162,26 @@ def connection_options(
     }
 
 
-def pool_options(server_settings: Mapping[str, str], *, transaction_pooler: bool) -> dict[str, Any]:
-    """:func:`connection_options` for a pool; behind a transaction pooler, no session reset
-    on release either (asyncpg's default runs UNLISTEN, pg_advisory_unlock_all and RESET
-    ALL, which would land on a server connection another client's transaction may use next)."""
+def pool_options(
+    server_settings: Mapping[str, str], *, transaction_pooler: bool, session_state: bool = True
+) -> dict[str, Any]:
+    """:func:`connection_options` for a pool, whose connections are released without a
+    session reset behind a transaction pooler (asyncpg's default runs UNLISTEN,
+    pg_advisory_unlock_all and RESET ALL, which would land on a server connection another
+    client's transaction may use next) or when its users keep no ``session_state``.
+
+    The reset is one more round trip on every release. A pool whose users never SET,
+    LISTEN or take a session lock has nothing to reset; an open transaction is still
+    rolled back on release (asyncpg does that before the reset hook).
+    """
     options = connection_options(server_settings, transaction_pooler=transaction_pooler)
-    if transaction_pooler:
+    if transaction_pooler or not session_state:
         options["reset"] = _no_session_to_reset
     return options
 
 
 async def _no_session_to_reset(conn: asyncpg.Connection) -> None:
-    """Release a pooled connection as it is: through a transaction pooler there is no session of ours."""
+    """Release a pooled connection as it is: it holds no session state of ours."""
 
 
 async def connect(url: str | None, *, timeout: float = 10.0, **kwargs: Any) -> asyncpg.Connection:

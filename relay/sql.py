@@ -55,7 +55,14 @@ _HELD_LANES = """held AS (
 
 # Acknowledged rows leave the hot table and become receipts in one statement, but only
 # for lanes this instance still holds with the fence it fetched them under; a stale
-# owner's acknowledgement changes nothing and the new owner republishes (same id).
+# owner's acknowledgement changes nothing and the new owner republishes (same id). The
+# same statement counts the progress on the database clock (the health sidecar compares
+# like with like) and returns how many rows became receipts.
+#
+# One statement, one round trip: on its own it is its whole transaction, and the
+# transaction-local set_config makes that commit asynchronous (ASYNC_COMMIT below says
+# why that is safe). The setting is read when the transaction commits, after the
+# statement, and ends with it: it never stays on the connection.
 RECORD_PUBLISHED = f"""
 WITH {_HELD_LANES}, moved AS (
     DELETE FROM outbox o
@@ -69,16 +76,26 @@ WITH {_HELD_LANES}, moved AS (
     JOIN unnest($5::text[], $6::int[], $7::bigint[], $8::int[], $9::int[])
         AS g(topic, kafka_partition, base_offset, first, last)
       ON s.position BETWEEN g.first AND g.last
+), receipts AS (
+    INSERT INTO outbox_receipt
+        (id, aggregatetype, aggregateid, type, topic, kafka_partition, kafka_offset, created_at)
+    SELECT m.id, m.aggregatetype, m.aggregateid, m.type, a.topic, a.kafka_partition,
+           a.kafka_offset, m.created_at
+    FROM moved m
+    JOIN acked a ON a.seq = m.seq
+    ON CONFLICT (id) DO UPDATE
+    SET topic = EXCLUDED.topic, kafka_partition = EXCLUDED.kafka_partition,
+        kafka_offset = EXCLUDED.kafka_offset, published_at = EXCLUDED.published_at
+    RETURNING 1
+), counted AS (
+    SELECT count(*) AS recorded FROM receipts
+), progress AS (
+    UPDATE relay_instance
+    SET last_publish_at = clock_timestamp(),
+        published_total = published_total + (SELECT recorded FROM counted)
+    WHERE instance_id = $1 AND (SELECT recorded FROM counted) > 0
 )
-INSERT INTO outbox_receipt
-    (id, aggregatetype, aggregateid, type, topic, kafka_partition, kafka_offset, created_at)
-SELECT m.id, m.aggregatetype, m.aggregateid, m.type, a.topic, a.kafka_partition,
-       a.kafka_offset, m.created_at
-FROM moved m
-JOIN acked a ON a.seq = m.seq
-ON CONFLICT (id) DO UPDATE
-SET topic = EXCLUDED.topic, kafka_partition = EXCLUDED.kafka_partition,
-    kafka_offset = EXCLUDED.kafka_offset, published_at = EXCLUDED.published_at
+SELECT recorded, set_config('synchronous_commit', 'off', true) FROM counted
 """
 
 # Failed rows: a retriable failure only schedules the next try; a permanent one also
@@ -100,6 +117,9 @@ WHERE o.seq = f.seq AND o.lane IN (SELECT lane FROM held)
 RETURNING o.seq, o.quarantined_at IS NOT NULL
 """
 
+# Losing a bookkeeping commit in a server crash loses only the "published" mark, never
+# an event: the rows come back and are published again (same id). So the bookkeeping
+# need not wait for its WAL flush.
 ASYNC_COMMIT = "SET LOCAL synchronous_commit = off"
 
 # Which of the given settings ($1, wanted values $2) the server runs with other values.
@@ -115,13 +135,6 @@ ORDER BY w.name
 HEARTBEAT = """
 INSERT INTO relay_instance (instance_id) VALUES ($1)
 ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = clock_timestamp()
-"""
-
-# Progress on the database clock, so the health sidecar compares like with like.
-RECORD_PROGRESS = """
-UPDATE relay_instance
-SET last_publish_at = clock_timestamp(), published_total = published_total + $2
-WHERE instance_id = $1
 """
 
 LIVE_INSTANCES = """
