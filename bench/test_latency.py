@@ -93,6 +93,13 @@ async def _create_log_append_topic(bootstrap: str, topic: str) -> None:
         await admin.close()
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User plus system CPU the process has used so far (from /proc)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _percentile(ordered: list[float], fraction: float) -> float:
     return ordered[max(0, int(len(ordered) * fraction) - 1)]
 
@@ -106,8 +113,9 @@ class Variant:
 
 async def _measure(
     database_url: str, bootstrap: str, workdir: Path, variant: Variant
-) -> tuple[float, float, float, int]:
-    """p50, p99, max (ms) and events of one relay variant at the steady rate."""
+) -> tuple[float, float, float, int, float]:
+    """p50, p99, max (ms), events, and the relay's CPU ms per 1,000 events of one relay
+    variant at the steady rate."""
     namespace = f"l{uuid.uuid4().hex[:8]}"
     topic = f"{namespace}.latency"
     await _create_log_append_topic(bootstrap, topic)
@@ -116,8 +124,10 @@ async def _measure(
     )
     try:
         await asyncio.sleep(3)  # lanes claimed, producer connected
+        cpu_before = _cpu_seconds(relay.pid)
         sent = await _write_steadily(database_url)
         records = await consume(bootstrap, [topic], count=len(sent), timeout=60)
+        cpu = _cpu_seconds(relay.pid) - cpu_before
     finally:
         relay.terminate()
         await relay.wait()
@@ -132,6 +142,7 @@ async def _measure(
         _percentile(latencies, 0.99),
         latencies[-1],
         len(latencies),
+        cpu * 1000 / (len(latencies) / 1000),
     )
 
 
@@ -156,11 +167,13 @@ async def test_commit_to_ack_latency_at_steady_rate(
         f"\nLATENCY commit -> broker append, {RATE} events/s for {SECONDS} s with NOTIFY "
         "(one after the other, same run)"
     ]
-    for variant, (p50, p99, worst, events) in results:
+    first_cpu = results[0][1][4]
+    for variant, (p50, p99, worst, events, cpu) in results:
         lines.append(
             f"  {variant.label}: {events} events, p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  "
-            f"max {worst:6.1f} ms  (this / defaults: p50 {p50 / first_p50:.2f}, "
-            f"p99 {p99 / first_p99:.2f})"
+            f"max {worst:6.1f} ms  relay CPU {cpu:5.0f} ms per 1,000 events  "
+            f"(this / defaults: p50 {p50 / first_p50:.2f}, p99 {p99 / first_p99:.2f}, "
+            f"CPU {cpu / first_cpu:.2f})"
         )
     print("\n".join(lines))
 
