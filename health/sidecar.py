@@ -51,9 +51,25 @@ DATABASE_RETRY_MAX_MS = 30_000
 """The longest wait between attempts while the database is unreachable or not migrated."""
 # Behind a transaction pooler only application_name reaches the server; the sidecar's
 # role is read-only by its grants (outbox-relay grant --as sidecar) either way.
+#
+# Every probe is written for its (partial) index, and the tables it reads swing faster than
+# autovacuum re-analyzes them: a scoring_job_state analyzed at a hundred rows and grown to
+# thousands was read whole by the scoring_jobs probe on every evaluation (1.2 ms against
+# 0.2 ms through its index). With sequential scans ruled out the index paths are the
+# cheapest whatever the statistics say, as on the relay's sessions (relay/store.py). The
+# statements with parameters (the completion check's bounds) run on their cached generic
+# plans: a custom plan per evaluation cost more to plan than to run
+# (health/families/completion_tracker.py). Direct sessions carry both, so the completion
+# check needs no transaction of its own for SET LOCAL (session_plans); behind a transaction
+# pooler it keeps that transaction. JIT only adds latency to these short statements, and
+# before PostgreSQL 18 a scan that has no index to take (relay_instance, relay_lane) is
+# priced past jit_above_cost once sequential scans are ruled out: 350-490 ms of compiling.
 SIDECAR_SESSION_SETTINGS = {
     "application_name": "outbox-relay-health",
     "default_transaction_read_only": "on",
+    "enable_seqscan": "off",
+    "jit": "off",
+    "plan_cache_mode": "force_generic_plan",
 }
 _NOT_MIGRATED_STATE = "database is not migrated: run `outbox-relay migrate`"
 
@@ -113,7 +129,10 @@ class HealthSidecar:
         self._collector = HealthCollector(self.report, self._counters, policy.enabled_families())
         self._pool: asyncpg.Pool | None = None
         # Incremental completion_outbox state: in memory only, never logged or served.
-        self._completion = CompletionTracker(recheck_period_ms=completion_recheck_period_ms)
+        self._completion = CompletionTracker(
+            recheck_period_ms=completion_recheck_period_ms,
+            session_plans=not transaction_pooler,
+        )
         self._last: tuple[HealthReport, float] | None = None
         # The status page's chart: aggregates of the last minutes, in memory only.
         self._history = History(interval_ms=settings.interval_ms)
@@ -153,8 +172,13 @@ class HealthSidecar:
                 # of the whole evaluation timing out on the connection attempt.
                 timeout=self._timeout / 2,
                 command_timeout=self._timeout,
+                # No session state to reset on release (settings come with the login,
+                # SET LOCAL ends with its transaction, no LISTEN, no session locks): one
+                # round trip less per evaluation.
                 **pool_options(
-                    SIDECAR_SESSION_SETTINGS, transaction_pooler=self._transaction_pooler
+                    SIDECAR_SESSION_SETTINGS,
+                    transaction_pooler=self._transaction_pooler,
+                    session_state=False,
                 ),
             )
             self._registry.register(self._collector)

@@ -1,0 +1,181 @@
+"""The running sidecar's sessions against a real PostgreSQL: what one steady-state evaluation
+sends, and plans that hold when the statistics are stale.
+
+The sidecar's steady state is a handful of short statements, so its cost is mostly round
+trips and planning. On a direct connection its sessions carry the planner settings
+(health/sidecar.py, SIDECAR_SESSION_SETTINGS): the completion check then needs no
+transaction of its own, a release needs no reset, and a probe of a table that grew since
+its last ANALYZE still reads its partial index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import asyncpg
+import pytest
+import pytest_asyncio
+from prometheus_client import CollectorRegistry
+
+from contracts.policy import CompletionOutboxPolicy, Family
+from health.families.completion_outbox import probe_completion_outbox
+from health.families.completion_tracker import CompletionTracker
+from health.families.relay import RELAY_PROBE
+from health.families.scoring_jobs import SCORING_JOBS_PROBE
+from health.sidecar import SIDECAR_SESSION_SETTINGS, HealthSidecar
+from pgconnect import connection_options
+from tests.health.conftest import (
+    RECEIPT_RETENTION_MS,
+    insert_event,
+    insert_job,
+    loose_policy,
+    relay_policy,
+)
+
+
+def _policy(grace_ms: int = 0) -> CompletionOutboxPolicy:
+    return CompletionOutboxPolicy(
+        grace_ms=grace_ms, lookback_ms=86_400_000, max_missing_count=0, gates_readiness=True
+    )
+
+
+@pytest_asyncio.fixture
+async def sidecar_db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A connection opened as the sidecar opens its own (direct, no pooler)."""
+    conn = await asyncpg.connect(
+        database_url, **connection_options(SIDECAR_SESSION_SETTINGS, transaction_pooler=False)
+    )
+    yield conn
+    await conn.close()
+
+
+def _plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+    return [node, *(n for child in node.get("Plans", []) for n in _plan_nodes(child))]
+
+
+async def _cached_plan_scans(conn: asyncpg.Connection, table: str) -> list[str]:
+    """The scan nodes on ``table`` of the plan the connection cached for the prepared
+    statement ``probe`` (EXPLAIN EXECUTE shows the cached plan, it builds none)."""
+    (plan,) = json.loads(await conn.fetchval("EXPLAIN (FORMAT JSON) EXECUTE probe"))
+    return [n["Node Type"] for n in _plan_nodes(plan["Plan"]) if n.get("Relation Name") == table]
+
+
+async def test_scoring_jobs_probe_keeps_reading_its_index_as_the_queue_grows(
+    db: asyncpg.Connection, sidecar_db: asyncpg.Connection
+) -> None:
+    """A young deployment: the probe's plan is built once per connection, while the table
+    is a page or two, and kept while completions grow it (until the next ANALYZE). A plan
+    that read the tiny table whole then read every row on every evaluation."""
+    await db.execute("ALTER TABLE scoring_job_state SET (autovacuum_enabled = false)")
+    for _ in range(100):
+        await insert_job(db, "queued")
+    await db.execute("ANALYZE scoring_job_state")
+    for conn in (db, sidecar_db):
+        await conn.execute("PREPARE probe AS " + SCORING_JOBS_PROBE)
+        await conn.execute("EXECUTE probe")  # planned now, on the small table
+    await db.execute(
+        """INSERT INTO scoring_job_state (scoring_job_ref, scoring_request_ref, scoring_state,
+               attempt_count, max_attempts, result_ref, completed_fencing_token)
+           SELECT 'done-' || g, 'req-done-' || g, 'completed', 1, 3, 'res-' || g, 1
+           FROM generate_series(1, 20000) AS g"""
+    )
+    scans = await _cached_plan_scans(sidecar_db, "scoring_job_state")
+    assert len(scans) == 3 and "Seq Scan" not in scans, scans
+    # Without the sidecar's settings the same plan reads the grown table whole: the test
+    # stages what it is about.
+    assert "Seq Scan" in await _cached_plan_scans(db, "scoring_job_state")
+
+
+async def test_no_probe_is_compiled_just_in_time(sidecar_db: asyncpg.Connection) -> None:
+    """With sequential scans ruled out, a scan that has no index to take (the relay probe's
+    aggregates over relay_instance and relay_lane) keeps its plan but PostgreSQL before 18
+    prices it past jit_above_cost: compiling it took 350-490 ms on every evaluation."""
+    (plan,) = json.loads(
+        await sidecar_db.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + RELAY_PROBE, 20_000)
+    )
+    assert "JIT" not in plan, plan["JIT"]
+
+
+async def test_open_transaction_rule_holds_without_the_checks_transaction(
+    sidecar_db: asyncpg.Connection, db: asyncpg.Connection, database_url: str
+) -> None:
+    """The horizon read and the check as two statements of their own (each its own snapshot,
+    in that order) keep the xact_start rule: a job committed by a transaction that was open
+    across an evaluation, with an updated_at below that evaluation's clock, is still found."""
+    policy = _policy(grace_ms=0)
+    tracker = CompletionTracker(margin_ms=0, session_plans=True)
+    await tracker.probe(sidecar_db, policy, receipt_retention_ms=RECEIPT_RETENTION_MS)
+    writer = await asyncpg.connect(database_url)
+    try:
+        await writer.execute("BEGIN")
+        started = await writer.fetchval("SELECT now()")
+        await insert_job(writer, "completed", updated_at=started)
+        await asyncio.sleep(0.2)
+        seen = await tracker.probe(sidecar_db, policy, receipt_retention_ms=RECEIPT_RETENTION_MS)
+        assert seen.missing_count == 0  # not committed yet
+        assert tracker.watermark_ms is not None
+        assert tracker.watermark_ms <= int(started.timestamp() * 1000)
+        await writer.execute("COMMIT")
+    finally:
+        await writer.close()
+    found = await tracker.probe(sidecar_db, policy, receipt_retention_ms=RECEIPT_RETENTION_MS)
+    full = await probe_completion_outbox(db, policy, receipt_retention_ms=RECEIPT_RETENTION_MS)
+    assert found.missing_count == 1 == full.missing_count
+    assert (tracker.full_checks, tracker.incremental_checks) == (1, 2)
+    plans = await sidecar_db.fetch(
+        """SELECT generic_plans, custom_plans FROM pg_prepared_statements
+           WHERE statement LIKE '%FROM scoring_job_state AS job%UNION ALL%'
+             AND statement NOT LIKE '%pg_prepared_statements%'"""
+    )
+    assert plans and sum(p["custom_plans"] for p in plans) == 0, plans
+
+
+def _logging_pools(monkeypatch: pytest.MonkeyPatch, statements: list[str]) -> Callable[..., Any]:
+    """Make every pool the sidecar opens log each statement its connections send."""
+    create_pool = asyncpg.create_pool
+
+    def logged(*args: Any, **kwargs: Any) -> Any:
+        async def init(conn: asyncpg.Connection) -> None:
+            conn.add_query_logger(lambda record: statements.append(record.query))
+
+        return create_pool(*args, init=init, **kwargs)
+
+    monkeypatch.setattr(asyncpg, "create_pool", logged)
+    return logged
+
+
+async def test_steady_state_evaluation_sends_only_its_statements(
+    db: asyncpg.Connection, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One statement per family probe, the horizon read and the check: no BEGIN and COMMIT
+    around the check, and no session reset when the connection goes back to the pool."""
+    statements: list[str] = []
+    _logging_pools(monkeypatch, statements)
+    sidecar = HealthSidecar(
+        database_url=database_url,
+        policy=loose_policy(completion_outbox=_policy(grace_ms=0), relay=relay_policy()),
+        listen=("127.0.0.1", 0),
+        registry=CollectorRegistry(),
+        receipt_retention_ms=RECEIPT_RETENTION_MS,
+    )
+    async with sidecar:
+        await sidecar.evaluate_once()  # the first: a full check
+        job = await insert_job(db, "completed")
+        await sidecar.evaluate_once()
+        await insert_event(db, aggregateid=job)
+        await asyncio.sleep(0.01)
+        await sidecar.evaluate_once()
+        statements.clear()
+        await insert_job(db, "completed")
+        report = await sidecar.evaluate_once()
+        await asyncio.sleep(0.05)  # query loggers are called soon after each statement
+    result = next(r for r in report.families if r.family is Family.COMPLETION_OUTBOX)
+    assert result.evidence is not None and result.evidence.missing_count == 1
+    words = [statement.split(None, 1)[0].upper() for statement in statements]
+    assert "BEGIN" not in words and "COMMIT" not in words, statements
+    assert not [s for s in statements if "RESET ALL" in s or "UNLISTEN" in s], statements
+    # outbox, scoring_jobs, relay, the completion horizon and the completion check
+    assert len(statements) == 5, statements
