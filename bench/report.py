@@ -23,7 +23,9 @@ DOCS_BENCH = Path(__file__).resolve().parents[1] / "docs" / "bench"
 RESULTS = DOCS_BENCH / "results.json"
 PLOT = DOCS_BENCH / "peers.png"
 # Hook for the sidecar's cost (measured by bench/test_health_cost.py, not here): a JSON object
-# {"ratio": <steady state with 1,000,000 terminal jobs / empty history>, "ratio_grace_0": ...}.
+# {"ratio_to_sidecar_empty": <steady state with 1,000,000 terminal jobs / the same sidecar's
+# steady state on an empty history>, "ratio": <the same / the one-shot check on an empty
+# history>, "ratio_grace_0": ...}.
 HEALTH_COST = DOCS_BENCH / "health_cost.json"
 
 RELAY = "relay"
@@ -134,15 +136,23 @@ def rss_line(rows: Rows, events: int) -> tuple[str, str]:
 
 
 def health_cost_line(path: Path = HEALTH_COST) -> tuple[str, str]:
-    """The sidecar target, from the figures bench/test_health_cost.py leaves (if any)."""
+    """The sidecar target, from the figures bench/test_health_cost.py leaves (if any).
+
+    Judged as the target reads: the running sidecar's steady state with the history against
+    *its* steady state on an empty history (``ratio_to_sidecar_empty``). Its ratio to the
+    one-shot ``check`` on an empty history (``ratio``: a different statement set, four
+    round trips against five) is shown beside it, as are the grace 0 figures.
+    """
     if not path.is_file():
         return "n/a", "measured by bench/test_health_cost.py (no docs/bench/health_cost.json)"
     figures = json.loads(path.read_text())
-    ratio = figures.get("ratio")
-    shown = f"{ratio:.2f}x" if ratio is not None else "?"
+    judged = figures.get("ratio_to_sidecar_empty")
+    shown = f"{judged:.2f}x" if judged is not None else "?"
+    if figures.get("ratio") is not None:
+        shown += f" (to the one-shot check on the empty history: {figures['ratio']:.2f}x)"
     if figures.get("ratio_grace_0") is not None:
-        shown += f" (grace_ms = 0: {figures['ratio_grace_0']:.2f}x)"
-    return verdict(ratio, "<=", 1.5), shown
+        shown += f"; grace_ms = 0: {figures['ratio_grace_0']:.2f}x of the one-shot"
+    return verdict(judged, "<=", 1.5), shown
 
 
 def report_lines(document: dict[str, Any]) -> list[str]:
@@ -196,6 +206,37 @@ def report_lines(document: dict[str, Any]) -> list[str]:
             for v, w, f in zip(cells, widths, formats, strict=True)
         )
         lines.append(f"{system:18} {text}")
+    lines += cpu_lines(rows)
+    return lines
+
+
+CPU_GROUPS = (("client", "client"), ("postgres", "PostgreSQL"), ("broker", "broker"))
+
+
+def cpu_lines(rows: Rows) -> list[str]:
+    """CPU per event over the catch-up (medians), per process group: what bounds a drain
+    on cores that PostgreSQL, the broker and the system under test all share."""
+    systems = [
+        s
+        for s in (RELAY, *DEBEZIUMS, RAW_SEND, RAW_BATCH)
+        if median_figure(rows, s, "drain", "client_cpu_us_per_event") is not None
+    ]
+    if not systems:
+        return []
+    lines = [
+        "",
+        "catch-up CPU per event, us (medians; client: the system's own process, for the raw "
+        "producer the harness's)",
+        f"{'':18} " + " ".join(f"{label:>10}" for _, label in CPU_GROUPS) + f" {'total':>10}",
+    ]
+    for system in systems:
+        cells = [
+            median_figure(rows, system, "drain", f"{key}_cpu_us_per_event") or 0.0
+            for key, _ in CPU_GROUPS
+        ]
+        lines.append(
+            f"{system:18} " + " ".join(f"{v:>10.1f}" for v in cells) + f" {sum(cells):>10.1f}"
+        )
     return lines
 
 

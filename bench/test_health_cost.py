@@ -26,7 +26,9 @@ from bench.report import HEALTH_COST
 from health.evaluate import evaluate
 from health.families.completion_tracker import HORIZON_MARGIN_MS, CompletionTracker
 from health.policy import parse_policy
+from health.sidecar import SIDECAR_SESSION_SETTINGS
 from migrations.grants import apply_plan, plan_grants, read_facts
+from pgconnect import connection_options
 
 pytestmark = pytest.mark.bench
 
@@ -104,7 +106,7 @@ async def _sidecar_cost(
     """
     writer = writer or conn
     policy = parse_policy(POLICY_TEXT.replace("grace_ms = 30000", f"grace_ms = {grace_ms}"))
-    tracker = tracker or CompletionTracker()
+    tracker = tracker or CompletionTracker(session_plans=True)
     await evaluate(conn, policy, receipt_retention_ms=7 * DAY_MS, completion=tracker)
     samples = []
     for round_ in range(ROUNDS + 1):
@@ -141,16 +143,31 @@ async def _sidecar_role(owner: asyncpg.Connection, url: str, *, read_all_stats: 
     return urlunsplit(parts._replace(netloc=f"{role}:{role}@{parts.netloc.rpartition('@')[2]}"))
 
 
+async def _sidecar_connect(url: str) -> asyncpg.Connection:
+    """A connection opened as the running sidecar opens its own (direct, no pooler)."""
+    return await asyncpg.connect(
+        url, **connection_options(SIDECAR_SESSION_SETTINGS, transaction_pooler=False)
+    )
+
+
 async def test_health_cost_with_terminal_history(bench_database: str) -> None:
+    # ``conn`` is a plain session, as the one-shot check/status open; ``sidecar`` one as the
+    # running sidecar opens (its planner settings; read-only, so ``conn`` writes).
     conn = await asyncpg.connect(bench_database)
+    sidecar_conn = await _sidecar_connect(bench_database)
     try:
         await conn.execute(RECENT_ACTIVE)
         await conn.execute("ANALYZE")
         empty = await _cost(conn)
         # The sidecar on the same empty history: the target's own baseline ("its cost on
         # an empty history"), then that history set back for the one-shot figures.
-        sidecar_empty = await _sidecar_cost(conn, grace_ms=30000)
-        sidecar_empty_no_grace = await _sidecar_cost(conn, grace_ms=0)
+        sidecar_empty = await _sidecar_cost(sidecar_conn, grace_ms=30000, writer=conn)
+        sidecar_empty_no_grace = await _sidecar_cost(sidecar_conn, grace_ms=0, writer=conn)
+        # The same on a plain session, the check in a transaction of its own: the sidecar's
+        # sessions before they carried the planner settings.
+        sidecar_empty_plain = await _sidecar_cost(
+            conn, grace_ms=30000, tracker=CompletionTracker(session_plans=False)
+        )
         await conn.execute("TRUNCATE scoring_job_state, outbox_receipt")
         await conn.execute(RECENT_ACTIVE)
         await conn.execute("ANALYZE")
@@ -169,24 +186,30 @@ async def test_health_cost_with_terminal_history(bench_database: str) -> None:
         await conn.execute("VACUUM ANALYZE outbox_receipt")
         in_window = await _cost(conn)
         # The sidecar, same history inside the window: incremental after its first check.
-        sidecar = await _sidecar_cost(conn, grace_ms=30000)
+        sidecar = await _sidecar_cost(sidecar_conn, grace_ms=30000, writer=conn)
+        sidecar_plain = await _sidecar_cost(
+            conn, grace_ms=30000, tracker=CompletionTracker(session_plans=False)
+        )
         # The same with the tracker as it was before (the whole 1 s horizon margin whatever
         # the grace, a one-hour re-check period): a margin of grace + 1 s reproduces it.
         sidecar_before = await _sidecar_cost(
-            conn,
+            sidecar_conn,
             grace_ms=30000,
+            writer=conn,
             tracker=CompletionTracker(
-                margin_ms=HORIZON_MARGIN_MS + 30000, recheck_period_ms=3_600_000
+                margin_ms=HORIZON_MARGIN_MS + 30000,
+                recheck_period_ms=3_600_000,
+                session_plans=True,
             ),
         )
         # grace 0: each round's completions are checked in that very round.
-        sidecar_no_grace = await _sidecar_cost(conn, grace_ms=0)
+        sidecar_no_grace = await _sidecar_cost(sidecar_conn, grace_ms=0, writer=conn)
         # The sidecar under its least-privilege role (docs/security.md), with and without
         # pg_read_all_stats (without it, other roles' transaction starts are hidden).
         by_role = {}
         for read_all_stats in (True, False):
             role_url = await _sidecar_role(conn, bench_database, read_all_stats=read_all_stats)
-            role_conn = await asyncpg.connect(role_url)
+            role_conn = await _sidecar_connect(role_url)
             try:
                 by_role[read_all_stats] = await _sidecar_cost(
                     role_conn, grace_ms=30000, writer=conn, expect_incremental=read_all_stats
@@ -194,6 +217,7 @@ async def test_health_cost_with_terminal_history(bench_database: str) -> None:
             finally:
                 await role_conn.close()
     finally:
+        await sidecar_conn.close()
         await conn.close()
     # make bench's report (bench/report.py) judges the sidecar target from these figures.
     HEALTH_COST.parent.mkdir(parents=True, exist_ok=True)
@@ -207,6 +231,8 @@ async def test_health_cost_with_terminal_history(bench_database: str) -> None:
                     sidecar_no_grace / sidecar_empty_no_grace, 3
                 ),
                 "sidecar_empty_ms": round(sidecar_empty, 3),
+                "sidecar_empty_plain_session_ms": round(sidecar_empty_plain, 3),
+                "steady_plain_session_ms": round(sidecar_plain, 3),
                 "empty_ms": round(empty, 3),
                 "steady_ms": round(sidecar, 3),
             }
@@ -226,6 +252,10 @@ async def test_health_cost_with_terminal_history(bench_database: str) -> None:
         f"  sidecar steady state, {HISTORY} inside look-back, +{NEW_PER_ROUND} completions"
         f"/round, grace 30 s: {sidecar:8.2f} ms  (ratio {sidecar / empty:.2f},"
         f" to the sidecar on the empty history {sidecar / sidecar_empty:.2f}, target <= 1.50)\n"
+        f"  the same on a plain session, the check in a transaction of its own (the sidecar"
+        f" before its sessions carried the planner settings): {sidecar_plain:8.2f} ms"
+        f" (ratio {sidecar_plain / empty:.2f}; empty history {sidecar_empty_plain:.2f} ms;"
+        f" now / before {sidecar / sidecar_plain:.2f})\n"
         f"  the same with the previous tracker (1 s margin at any grace, re-check period 1 h):"
         f" {sidecar_before:8.2f} ms  (ratio {sidecar_before / empty:.2f};"
         f" now / before {sidecar / sidecar_before:.2f})\n"

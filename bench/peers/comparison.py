@@ -137,9 +137,17 @@ async def drain(subject: Subject, bootstrap: str, scale: Scale) -> dict[str, Any
         await subject.load_backlog(scale.events)
         started = time.monotonic()
         await subject.start()
+        # CPU from the first record on: start-up (a JVM, imports, claiming lanes) is left
+        # out, as it is from the judged rate.
+        await measure.wait_for_count(
+            bootstrap, topic, 1, timeout=180 + scale.events / 200, alive=subject.alive
+        )
+        cpu = measure.CpuMeter(subject.client_pid())
+        cpu.start()
         done = await measure.wait_for_count(
             bootstrap, topic, scale.events, timeout=180 + scale.events / 200, alive=subject.alive
         )
+        cpu_per_event = cpu.per_event_us(scale.events)
         rss = subject.peak_rss_mb()
         await subject.stop()
         first_ms, last_ms = await measure.append_span_ms(bootstrap, topic)
@@ -155,6 +163,7 @@ async def drain(subject: Subject, bootstrap: str, scale: Scale) -> dict[str, Any
         "wall_s": wall_s,
         "wall_rate": scale.events / wall_s,
         "peak_rss_mb": rss,
+        **cpu_per_event,
     }
 
 

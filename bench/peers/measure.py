@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import statistics
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -159,3 +161,80 @@ def summarize(latencies_ms: list[float]) -> LatencySummary:
 def latencies_ms(sent_at: dict[str, float], appended_ms: dict[str, int]) -> list[float]:
     """Append time minus send/commit time, for each event both sides know."""
     return [appended_ms[i] - sent * 1000 for i, sent in sent_at.items() if i in appended_ms]
+
+
+# -- where the CPU goes -----------------------------------------------------------------------
+# Every system shares the machine's cores with PostgreSQL and the broker. CPU seconds per
+# process (user + system, from /proc) over the catch-up tell what each event costs each of
+# them: the relay and Debezium pay PostgreSQL for reading and recording every row, the raw
+# producer does not.
+
+
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """User plus system CPU the processes have used so far; a gone process counts 0."""
+    ticks = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _processes() -> Iterable[tuple[int, str, str]]:
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/comm", encoding="utf-8", errors="replace") as comm:
+                name = comm.read().strip()
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                args = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        yield int(entry), name, args
+
+
+def service_pids() -> dict[str, list[int]]:
+    """The PostgreSQL server processes (every backend, by process name) and the broker's JVM
+    (the java process running ``kafka.Kafka``; a Connect worker runs another class)."""
+    postgres: list[int] = []
+    broker: list[int] = []
+    for pid, name, args in _processes():
+        if name == "postgres":
+            postgres.append(pid)
+        elif name == "java" and " kafka.Kafka " in f" {args} ":
+            broker.append(pid)
+    return {"postgres": postgres, "broker": broker}
+
+
+@dataclass
+class CpuMeter:
+    """CPU used by a client process, PostgreSQL and the broker from :meth:`start` on."""
+
+    client_pid: int | None
+    _pids: dict[str, list[int]] | None = None
+    _before: dict[str, float] | None = None
+
+    def _now(self) -> dict[str, float]:
+        assert self._pids is not None
+        return {name: cpu_seconds(pids) for name, pids in self._pids.items()}
+
+    def start(self) -> None:
+        """Take the processes running now (PostgreSQL's included) and their CPU so far."""
+        self._pids = {
+            "client": [self.client_pid] if self.client_pid else [],
+            **service_pids(),
+        }
+        self._before = self._now()
+
+    def per_event_us(self, events: int) -> dict[str, float]:
+        """Microseconds of CPU per event since :meth:`start`, per process group."""
+        assert self._before is not None
+        after = self._now()
+        return {
+            f"{name}_cpu_us_per_event": (after[name] - self._before[name]) * 1e6 / max(events, 1)
+            for name in after
+        }

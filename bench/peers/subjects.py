@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import uuid
 from pathlib import Path
 from typing import Protocol
@@ -46,6 +47,7 @@ class Subject(Protocol):
     def alive(self) -> bool: ...
     async def emit(self, lane: int, n: int) -> str: ...
     def peak_rss_mb(self) -> float | None: ...
+    def client_pid(self) -> int | None: ...
     async def stop(self) -> None: ...
     async def cleanup(self) -> None: ...
 
@@ -133,6 +135,10 @@ class RelaySubject(OutboxSubject):
         """The relay process' peak resident set."""
         return debezium.peak_rss_mb(self._process.pid if self._process else None)
 
+    def client_pid(self) -> int | None:
+        """The relay process."""
+        return self._process.pid if self._process else None
+
     async def stop(self) -> None:
         """SIGTERM and wait, as an orchestrator stops it."""
         if self._process is not None and self._process.returncode is None:
@@ -182,6 +188,10 @@ class DebeziumSubject(OutboxSubject):
     def peak_rss_mb(self) -> float | None:
         """The JVM's peak resident set."""
         return self._worker.peak_rss_mb() if self._worker else None
+
+    def client_pid(self) -> int | None:
+        """The Connect worker's JVM."""
+        return self._worker.pid if self._worker else None
 
     async def stop(self) -> None:
         """Stop the worker (its walsender ends with it)."""
@@ -279,6 +289,12 @@ class RawProducerSubject:
     def peak_rss_mb(self) -> float | None:
         """Not measured: the producer shares the benchmark's own process."""
         return None
+
+    def client_pid(self) -> int | None:
+        """The benchmark's own process: its CPU includes the harness polling the topic's
+        end offsets (a few hundred requests over a catch-up), a little more than the
+        producer's own."""
+        return os.getpid()
 
     async def stop(self) -> None:
         """Finish sending and close the producer."""

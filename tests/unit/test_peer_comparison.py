@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
 
-from bench.peers import debezium
+from bench import report
+from bench.peers import debezium, measure
 from bench.peers.comparison import SYSTEMS, Scale, run_order
 from bench.peers.measure import latencies_ms, percentile
 from bench.report import median_or_none, per_run_ratios, rss_line, verdict
@@ -124,3 +127,58 @@ def test_worker_producer_matches_the_relays_guarantees() -> None:
 
 def test_properties_escape_backslashes() -> None:
     assert debezium.render_properties({"a": "x\\y", "b": "z"}) == "a=x\\\\y\nb=z\n"
+
+
+def test_cpu_lines_show_each_process_group_per_system() -> None:
+    rows = [
+        _row(
+            1,
+            "relay",
+            "drain",
+            client_cpu_us_per_event=30.0,
+            postgres_cpu_us_per_event=25.0,
+            broker_cpu_us_per_event=8.0,
+        ),
+        _row(1, "raw-send", "drain", client_cpu_us_per_event=21.0, broker_cpu_us_per_event=7.5),
+        _row(1, "debezium-poll1ms", "drain", rate=5000.0),  # no CPU figures: not shown
+    ]
+    lines = report.cpu_lines(rows)
+    relay = next(line for line in lines if line.startswith("relay"))
+    assert relay.split()[1:] == ["30.0", "25.0", "8.0", "63.0"]
+    raw = next(line for line in lines if line.startswith("raw-send"))
+    assert raw.split()[1:] == ["21.0", "0.0", "7.5", "28.5"]
+    assert not any(line.startswith("debezium") for line in lines)
+    assert report.cpu_lines([_row(1, "relay", "drain", rate=1.0)]) == []
+
+
+def test_cpu_meter_counts_the_client_process_from_its_start() -> None:
+    meter = measure.CpuMeter(os.getpid())
+    meter.start()
+    deadline = time.process_time() + 0.05
+    while time.process_time() < deadline:
+        pass
+    figures = meter.per_event_us(1000)
+    assert figures["client_cpu_us_per_event"] >= 30.0  # 0.05 s over 1,000 events
+    assert set(figures) == {
+        "client_cpu_us_per_event",
+        "postgres_cpu_us_per_event",
+        "broker_cpu_us_per_event",
+    }
+
+
+@pytest.mark.parametrize(
+    ("to_sidecar_empty", "mark"), [(1.4, "PASS"), (1.5, "PASS"), (1.51, "FAIL")]
+)
+def test_sidecar_target_is_judged_against_its_own_empty_history(
+    tmp_path: Path, to_sidecar_empty: float, mark: str
+) -> None:
+    figures = tmp_path / "health_cost.json"
+    figures.write_text(
+        f'{{"ratio": 1.7, "ratio_grace_0": 11.6, "ratio_to_sidecar_empty": {to_sidecar_empty}}}'
+    )
+    verdict_mark, text = report.health_cost_line(figures)
+    assert verdict_mark == mark
+    assert (
+        f"{to_sidecar_empty:.2f}x" in text and "one-shot check on the empty history: 1.70x" in text
+    )
+    assert report.health_cost_line(tmp_path / "absent.json")[0] == "n/a"
