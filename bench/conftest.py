@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import uuid
@@ -33,9 +34,9 @@ def server_url() -> str:
     return url
 
 
-@pytest_asyncio.fixture
-async def bench_database(server_url: str) -> AsyncIterator[str]:
-    """A fresh migrated database, dropped afterwards."""
+@contextlib.asynccontextmanager
+async def fresh_database(server_url: str) -> AsyncIterator[str]:
+    """A fresh migrated database on the server, dropped afterwards; its URL."""
     name = f"outbox_relay_bench_{uuid.uuid4().hex[:10]}"
     admin = await asyncpg.connect(server_url)
     await admin.execute(f'CREATE DATABASE "{name}"')
@@ -48,6 +49,13 @@ async def bench_database(server_url: str) -> AsyncIterator[str]:
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
+
+
+@pytest_asyncio.fixture
+async def bench_database(server_url: str) -> AsyncIterator[str]:
+    """A fresh migrated database, dropped afterwards."""
+    async with fresh_database(server_url) as url:
+        yield url
 
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,12 +16,14 @@ import json
 import os
 import statistics
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 
+from bench.conftest import fresh_database
 from bench.report import HEALTH_COST
 from health.evaluate import evaluate
 from health.families.completion_tracker import HORIZON_MARGIN_MS, CompletionTracker
@@ -90,41 +92,57 @@ async def _cost(conn: asyncpg.Connection) -> float:
     return statistics.median(samples)
 
 
-async def _sidecar_cost(
-    conn: asyncpg.Connection,
-    *,
-    grace_ms: int,
-    writer: asyncpg.Connection | None = None,
-    expect_incremental: bool = True,
-    tracker: CompletionTracker | None = None,
-) -> float:
-    """Median wall time of the sidecar's steady-state evaluation, in ms.
+@dataclass
+class _Sidecar:
+    """One sidecar measured in the steady state: the connection it evaluates on, the one
+    that writes its database's new completions, and its tracker."""
 
-    A first full evaluation, then each round: a few hundred new completions with their
-    events (committed on ``writer``, default ``conn``, before the timed evaluation, not
-    timed), then one evaluation on ``conn``.
+    conn: asyncpg.Connection
+    writer: asyncpg.Connection
+    tracker: CompletionTracker
+    expect_incremental: bool = True
+    samples: list[float] = field(default_factory=list)
+
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+
+async def _sidecar_costs(sidecars: list[_Sidecar], *, grace_ms: int) -> None:
+    """The sidecars' steady-state evaluations, interleaved: wall time of each, in ms.
+
+    A first full evaluation each, then each round: a few hundred new completions with their
+    events in every database (committed on its writer, not timed), then one evaluation per
+    sidecar, in an order that turns each round. Interleaved, every sidecar meets the same
+    machine: a drift of the machine's speed (here 1.5 x between runs of a few seconds) moves
+    them all, not their ratios.
     """
-    writer = writer or conn
     policy = parse_policy(POLICY_TEXT.replace("grace_ms = 30000", f"grace_ms = {grace_ms}"))
-    tracker = tracker or CompletionTracker(session_plans=True)
-    await evaluate(conn, policy, receipt_retention_ms=7 * DAY_MS, completion=tracker)
-    samples = []
+    for sidecar in sidecars:
+        await evaluate(
+            sidecar.conn, policy, receipt_retention_ms=7 * DAY_MS, completion=sidecar.tracker
+        )
+    writers = list({id(s.writer): s.writer for s in sidecars}.values())
     for round_ in range(ROUNDS + 1):
-        tag = f"{grace_ms}-{round_}-{id(conn)}-{id(tracker)}"
-        await writer.execute(NEW_COMPLETIONS, NEW_PER_ROUND, tag)
-        await writer.execute(NEW_EVENTS, NEW_PER_ROUND, tag)
-        started = time.perf_counter()
-        report = await evaluate(conn, policy, receipt_retention_ms=7 * DAY_MS, completion=tracker)
-        elapsed = (time.perf_counter() - started) * 1000
-        if round_:  # the first round warms the plans
-            samples.append(elapsed)
-        assert len(report.families) == 4  # every family evaluated
-        completion = next(r for r in report.families if r.family.value == "completion_outbox")
-        assert completion.evidence is not None
-        assert completion.evidence.missing_count == 0  # type: ignore[union-attr]
-    if expect_incremental:
-        assert tracker.full_checks == 1, "the steady state must be incremental"
-    return statistics.median(samples)
+        for n, writer in enumerate(writers):
+            tag = f"{grace_ms}-{round_}-{n}-{id(sidecars[0])}"
+            await writer.execute(NEW_COMPLETIONS, NEW_PER_ROUND, tag)
+            await writer.execute(NEW_EVENTS, NEW_PER_ROUND, tag)
+        turn = round_ % len(sidecars)
+        for sidecar in sidecars[turn:] + sidecars[:turn]:
+            started = time.perf_counter()
+            report = await evaluate(
+                sidecar.conn, policy, receipt_retention_ms=7 * DAY_MS, completion=sidecar.tracker
+            )
+            elapsed = (time.perf_counter() - started) * 1000
+            if round_:  # the first round warms the plans
+                sidecar.samples.append(elapsed)
+            assert len(report.families) == 4  # every family evaluated
+            completion = next(r for r in report.families if r.family.value == "completion_outbox")
+            assert completion.evidence is not None
+            assert completion.evidence.missing_count == 0  # type: ignore[union-attr]
+    for sidecar in sidecars:
+        if sidecar.expect_incremental:
+            assert sidecar.tracker.full_checks == 1, "the steady state must be incremental"
 
 
 async def _sidecar_role(owner: asyncpg.Connection, url: str, *, read_all_stats: bool) -> str:
@@ -150,75 +168,117 @@ async def _sidecar_connect(url: str) -> asyncpg.Connection:
     )
 
 
-async def test_health_cost_with_terminal_history(bench_database: str) -> None:
-    # ``conn`` is a plain session, as the one-shot check/status open; ``sidecar`` one as the
-    # running sidecar opens (its planner settings; read-only, so ``conn`` writes).
-    conn = await asyncpg.connect(bench_database)
-    sidecar_conn = await _sidecar_connect(bench_database)
-    try:
+async def _measure(
+    e_plain: asyncpg.Connection,
+    e_side: asyncpg.Connection,
+    h_plain: asyncpg.Connection,
+    h_side: asyncpg.Connection,
+    history_url: str,
+) -> tuple[float, float, float, dict[str, float], dict[str, float], dict[bool, float]]:
+    """One-shot costs, then the steady states (grace 30 s and 0), then the roles."""
+    for conn in (e_plain, h_plain):
         await conn.execute(RECENT_ACTIVE)
         await conn.execute("ANALYZE")
-        empty = await _cost(conn)
-        # The sidecar on the same empty history: the target's own baseline ("its cost on
-        # an empty history"), then that history set back for the one-shot figures.
-        sidecar_empty = await _sidecar_cost(sidecar_conn, grace_ms=30000, writer=conn)
-        sidecar_empty_no_grace = await _sidecar_cost(sidecar_conn, grace_ms=0, writer=conn)
-        # The same on a plain session, the check in a transaction of its own: the sidecar's
-        # sessions before they carried the planner settings.
-        sidecar_empty_plain = await _sidecar_cost(
-            conn, grace_ms=30000, tracker=CompletionTracker(session_plans=False)
-        )
-        await conn.execute("TRUNCATE scoring_job_state, outbox_receipt")
-        await conn.execute(RECENT_ACTIVE)
-        await conn.execute("ANALYZE")
-        # History older than the look-back window (2 days; the window is 1 day).
-        await conn.execute(FILL_JOBS, HISTORY, 2 * DAY_MS)
-        await conn.execute(FILL_RECEIPTS, HISTORY, 2 * DAY_MS)
-        await conn.execute("VACUUM ANALYZE scoring_job_state")
-        await conn.execute("VACUUM ANALYZE outbox_receipt")
-        old_history = await _cost(conn)
-        # The same amount of history again, inside the window (1 hour old).
-        await conn.execute("TRUNCATE scoring_job_state, outbox_receipt")
-        await conn.execute(RECENT_ACTIVE)
-        await conn.execute(FILL_JOBS, HISTORY, 3_600_000)
-        await conn.execute(FILL_RECEIPTS, HISTORY, 3_600_000)
-        await conn.execute("VACUUM ANALYZE scoring_job_state")
-        await conn.execute("VACUUM ANALYZE outbox_receipt")
-        in_window = await _cost(conn)
-        # The sidecar, same history inside the window: incremental after its first check.
-        sidecar = await _sidecar_cost(sidecar_conn, grace_ms=30000, writer=conn)
-        sidecar_plain = await _sidecar_cost(
-            conn, grace_ms=30000, tracker=CompletionTracker(session_plans=False)
-        )
-        # The same with the tracker as it was before (the whole 1 s horizon margin whatever
-        # the grace, a one-hour re-check period): a margin of grace + 1 s reproduces it.
-        sidecar_before = await _sidecar_cost(
-            sidecar_conn,
-            grace_ms=30000,
-            writer=conn,
-            tracker=CompletionTracker(
+    empty = await _cost(e_plain)
+    # History older than the look-back window (2 days; the window is 1 day).
+    await h_plain.execute(FILL_JOBS, HISTORY, 2 * DAY_MS)
+    await h_plain.execute(FILL_RECEIPTS, HISTORY, 2 * DAY_MS)
+    await h_plain.execute("VACUUM ANALYZE scoring_job_state")
+    await h_plain.execute("VACUUM ANALYZE outbox_receipt")
+    old_history = await _cost(h_plain)
+    # The same amount of history again, inside the window (1 hour old).
+    await h_plain.execute("TRUNCATE scoring_job_state, outbox_receipt")
+    await h_plain.execute(RECENT_ACTIVE)
+    await h_plain.execute(FILL_JOBS, HISTORY, 3_600_000)
+    await h_plain.execute(FILL_RECEIPTS, HISTORY, 3_600_000)
+    await h_plain.execute("VACUUM ANALYZE scoring_job_state")
+    await h_plain.execute("VACUUM ANALYZE outbox_receipt")
+    in_window = await _cost(h_plain)
+    # The sidecar, incremental after its first check, with the history and on the empty one
+    # (the target's own baseline: "its cost on an empty history"); the same on plain
+    # sessions with the check in a transaction of its own (the sidecar before its sessions
+    # carried the planner settings); and the tracker as it was before (the whole 1 s
+    # horizon margin whatever the grace, a one-hour re-check period: a margin of grace + 1 s
+    # reproduces it).
+    grace_30 = {
+        "sidecar": _Sidecar(h_side, h_plain, CompletionTracker(session_plans=True)),
+        "sidecar, empty": _Sidecar(e_side, e_plain, CompletionTracker(session_plans=True)),
+        "plain": _Sidecar(h_plain, h_plain, CompletionTracker(session_plans=False)),
+        "plain, empty": _Sidecar(e_plain, e_plain, CompletionTracker(session_plans=False)),
+        "previous tracker": _Sidecar(
+            h_side,
+            h_plain,
+            CompletionTracker(
                 margin_ms=HORIZON_MARGIN_MS + 30000,
                 recheck_period_ms=3_600_000,
                 session_plans=True,
             ),
-        )
-        # grace 0: each round's completions are checked in that very round.
-        sidecar_no_grace = await _sidecar_cost(sidecar_conn, grace_ms=0, writer=conn)
-        # The sidecar under its least-privilege role (docs/security.md), with and without
-        # pg_read_all_stats (without it, other roles' transaction starts are hidden).
-        by_role = {}
-        for read_all_stats in (True, False):
-            role_url = await _sidecar_role(conn, bench_database, read_all_stats=read_all_stats)
-            role_conn = await _sidecar_connect(role_url)
-            try:
-                by_role[read_all_stats] = await _sidecar_cost(
-                    role_conn, grace_ms=30000, writer=conn, expect_incremental=read_all_stats
-                )
-            finally:
-                await role_conn.close()
-    finally:
-        await sidecar_conn.close()
-        await conn.close()
+        ),
+    }
+    await _sidecar_costs(list(grace_30.values()), grace_ms=30000)
+    # grace 0: each round's completions are checked in that very round.
+    grace_0 = {
+        "sidecar": _Sidecar(h_side, h_plain, CompletionTracker(session_plans=True)),
+        "sidecar, empty": _Sidecar(e_side, e_plain, CompletionTracker(session_plans=True)),
+    }
+    await _sidecar_costs(list(grace_0.values()), grace_ms=0)
+    # The sidecar under its least-privilege role (docs/security.md), with and without
+    # pg_read_all_stats (without it, other roles' transaction starts are hidden).
+    by_role = {}
+    for read_all_stats in (True, False):
+        role_url = await _sidecar_role(h_plain, history_url, read_all_stats=read_all_stats)
+        role_conn = await _sidecar_connect(role_url)
+        try:
+            role = _Sidecar(
+                role_conn,
+                h_plain,
+                CompletionTracker(session_plans=True),
+                expect_incremental=read_all_stats,
+            )
+            await _sidecar_costs([role], grace_ms=30000)
+            by_role[read_all_stats] = role.median()
+        finally:
+            await role_conn.close()
+    return (
+        empty,
+        old_history,
+        in_window,
+        {name: sidecar.median() for name, sidecar in grace_30.items()},
+        {name: sidecar.median() for name, sidecar in grace_0.items()},
+        by_role,
+    )
+
+
+async def test_health_cost_with_terminal_history(bench_database: str, server_url: str) -> None:
+    # Two databases side by side: E keeps an empty history, H gets the million jobs; every
+    # steady-state figure below is measured on both at once, interleaved. On each, a plain
+    # session (as the one-shot check/status open, and the writer) and one as the running
+    # sidecar opens its own (its planner settings; read-only).
+    async with fresh_database(server_url) as empty_database:
+        e_plain = await asyncpg.connect(empty_database)
+        e_side = await _sidecar_connect(empty_database)
+        h_plain = await asyncpg.connect(bench_database)
+        h_side = await _sidecar_connect(bench_database)
+        try:
+            figures = await _measure(e_plain, e_side, h_plain, h_side, bench_database)
+        finally:
+            for conn in (e_plain, e_side, h_plain, h_side):
+                await conn.close()
+    (
+        empty,
+        old_history,
+        in_window,
+        steady,
+        steady_no_grace,
+        by_role,
+    ) = figures
+    sidecar, sidecar_empty = steady["sidecar"], steady["sidecar, empty"]
+    sidecar_plain, sidecar_empty_plain = steady["plain"], steady["plain, empty"]
+    sidecar_before = steady["previous tracker"]
+    sidecar_no_grace, sidecar_empty_no_grace = (
+        steady_no_grace["sidecar"],
+        steady_no_grace["sidecar, empty"],
+    )
     # make bench's report (bench/report.py) judges the sidecar target from these figures.
     HEALTH_COST.parent.mkdir(parents=True, exist_ok=True)
     HEALTH_COST.write_text(
