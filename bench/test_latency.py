@@ -32,6 +32,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from bench.conftest import start_relay_process
+from bench.peers.measure import cpu_seconds
 from relay.config import RelayConfig
 from relay.engine import Batch, Relay
 from relay.store import RelayStore
@@ -93,13 +94,6 @@ async def _create_log_append_topic(bootstrap: str, topic: str) -> None:
         await admin.close()
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User plus system CPU the process has used so far (from /proc)."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _percentile(ordered: list[float], fraction: float) -> float:
     return ordered[max(0, int(len(ordered) * fraction) - 1)]
 
@@ -124,10 +118,10 @@ async def _measure(
     )
     try:
         await asyncio.sleep(3)  # lanes claimed, producer connected
-        cpu_before = _cpu_seconds(relay.pid)
+        cpu_before = cpu_seconds([relay.pid])
         sent = await _write_steadily(database_url)
         records = await consume(bootstrap, [topic], count=len(sent), timeout=60)
-        cpu = _cpu_seconds(relay.pid) - cpu_before
+        cpu = cpu_seconds([relay.pid]) - cpu_before
     finally:
         relay.terminate()
         await relay.wait()

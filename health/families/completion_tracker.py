@@ -330,16 +330,14 @@ class CompletionTracker:
         if conn.is_in_transaction():
             # One snapshot for both statements would defeat the horizon read.
             return await self._full(conn, policy, receipt_retention_ms)
-        if self._session_plans:
-            # Each statement outside a transaction takes its own snapshot, the check's
-            # after the horizon read, as the xact_start rule needs; the session already
-            # runs them on their generic plans.
+        # Each statement takes its own snapshot, the check's after the horizon read, as the
+        # xact_start rule needs: outside a transaction when the session already runs them on
+        # their generic plans, else in one READ COMMITTED transaction that sets them.
+        planned = (
+            contextlib.nullcontext() if self._session_plans else _generic_plan_transaction(conn)
+        )
+        async with planned:
             evidence = await self._incremental(conn, policy, receipt_retention_ms, state)
-        else:
-            # Both statements in one READ COMMITTED transaction: each takes its own
-            # snapshot, the check's after the horizon read, as the xact_start rule needs.
-            async with _generic_plan_transaction(conn):
-                evidence = await self._incremental(conn, policy, receipt_retention_ms, state)
         if evidence is None:
             return await self._full(conn, policy, receipt_retention_ms)
         return evidence
