@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -155,7 +155,7 @@ async def test_open_transaction_rule_holds_without_the_checks_transaction(
     assert plans and sum(p["custom_plans"] for p in plans) == 0, plans
 
 
-def _logging_pools(monkeypatch: pytest.MonkeyPatch, statements: list[str]) -> Callable[..., Any]:
+def _logging_pools(monkeypatch: pytest.MonkeyPatch, statements: list[str]) -> None:
     """Make every pool the sidecar opens log each statement its connections send."""
     create_pool = asyncpg.create_pool
 
@@ -166,7 +166,6 @@ def _logging_pools(monkeypatch: pytest.MonkeyPatch, statements: list[str]) -> Ca
         return create_pool(*args, init=init, **kwargs)
 
     monkeypatch.setattr(asyncpg, "create_pool", logged)
-    return logged
 
 
 async def test_steady_state_evaluation_sends_only_its_statements(
