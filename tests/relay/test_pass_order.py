@@ -93,3 +93,62 @@ async def test_a_pass_does_not_publish_a_keys_later_row_before_one_it_stepped_ov
         )
     assert delayed.is_set(), "the staged fetch never ran: the scenario did not happen"
     assert await _published_order(db, ids) == ids, "a key's rows reached Kafka out of order"
+
+
+@pytest.mark.parametrize("notify", [True, False], ids=["notified", "polling"])
+async def test_a_pass_does_not_publish_a_late_commits_next_row_before_it(
+    db: asyncpg.Connection,
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+    notify: bool,
+) -> None:
+    """A full pass's fetches follow each other from the cursor. A row its first fetch could
+    not see (its transaction had not committed) lies behind the cursor; once it commits,
+    the key's next row takes a seq after every row the pass has read, so the pass's next
+    fetch would read that next row while the earlier one waits for the next pass."""
+    late = await asyncpg.connect(database_url)
+    try:
+        late_tx = late.transaction()
+        await late_tx.start()
+        earlier = await late.fetchrow(INSERT_ROW, KEY, json.dumps(1))  # not committed yet
+        fillers = [await db.fetchrow(INSERT_ROW, f"k-fill-{n}", json.dumps(n)) for n in (1, 2)]
+        ids = [earlier["id"]]
+
+        # Two rows a fetch: the pass's first fetch reads both fillers and steps over the
+        # uncommitted row; its next fetch starts from the second filler.
+        config = fast_config(
+            database_url,
+            kafka_bootstrap,
+            topic_namespace,
+            batch_size=2,
+            poll_interval_ms=1_000,
+            notify=notify,
+        )
+        fetch_ready = RelayStore.fetch_ready
+        staged = asyncio.Event()
+
+        async def commit_then_fetch(
+            store: RelayStore, lanes: Any, cursor: int, limit: int
+        ) -> list[Any]:
+            if cursor == fillers[-1]["seq"] and not staged.is_set():
+                staged.set()
+                # The stepped-over row commits, then its key's next row, before this fetch.
+                await late_tx.commit()
+                later = await db.fetchrow(INSERT_ROW, KEY, json.dumps(2))
+                ids.append(later["id"])
+            return await fetch_ready(store, lanes, cursor, limit)
+
+        monkeypatch.setattr(RelayStore, "fetch_ready", commit_then_fetch)
+        async with running_relay(config):
+            await wait_until(
+                lambda: db.fetchval(
+                    "SELECT count(*) = 2 FROM outbox_receipt WHERE id = ANY($1)", ids
+                ),
+                timeout=60,
+            )
+    finally:
+        await late.close()
+    assert staged.is_set(), "the staged fetch never ran: the scenario did not happen"
+    assert await _published_order(db, ids) == ids, "a key's rows reached Kafka out of order"
