@@ -102,8 +102,13 @@ TABLES: Final[Mapping[str, Mapping[str, Access]]] = {
     "outbox_relay_migration": {},
 }
 
-# The outbox's identity sequence: an insert draws from it without any privilege on it.
-SEQUENCES: Final[tuple[str, ...]] = ("outbox_seq_seq",)
+# sequence → part → privileges. The outbox's identity sequence: an insert draws from it
+# without any privilege on it. The relay reads its last value (SELECT, which cannot draw)
+# before each full pass: what the pass may send is bounded by it (relay/sql.py,
+# SEQ_ALLOCATED).
+SEQUENCES: Final[Mapping[str, Mapping[str, frozenset[str]]]] = {
+    "outbox_seq_seq": {RELAY: frozenset({"SELECT"})},
+}
 
 # Trigger functions only: a trigger fires without EXECUTE, and nobody calls them directly,
 # so EXECUTE is taken from PUBLIC as well.
@@ -239,8 +244,14 @@ def plan_grants(role: str, parts: tuple[str, ...], facts: SchemaFacts) -> GrantP
         place(f"schema {facts.schema}", [f"GRANT USAGE ON SCHEMA {schema} TO {quote_role(role)}"])
     for table in TABLES:
         place(table, _table_statements(facts.schema, table, role, merged_access(table, parts)))
-    for sequence in SEQUENCES:
-        place(sequence, [f"REVOKE ALL ON SEQUENCE {schema}.{sequence} FROM {quote_role(role)}"])
+    for sequence, needs in SEQUENCES.items():
+        target = f"{schema}.{sequence}"
+        statements = [f"REVOKE ALL ON SEQUENCE {target} FROM {quote_role(role)}"]
+        granted = frozenset[str]().union(*(needs[p] for p in parts if p in needs))
+        if granted:
+            privileges = ", ".join(sorted(granted))
+            statements.append(f"GRANT {privileges} ON SEQUENCE {target} TO {quote_role(role)}")
+        place(sequence, statements)
     for function in FUNCTIONS:
         target = f"{schema}.{function}"
         place(

@@ -69,11 +69,26 @@ def _elapsed_ms(since: float) -> float:
     return (time.monotonic() - since) * 1000
 
 
+def _within_bound(records: list[Any], bound: int | None) -> tuple[list[Any], bool]:
+    """The rows of a full pass's later fetch up to the pass's bound, and whether any were cut.
+
+    A row the pass's first fetch stepped over because its transaction had not committed
+    commits after the bound was read; its key's next row takes its seq only after that,
+    so above the bound. Rows up to the bound can follow no such row; a row above it might,
+    so the pass ends before it (docs/relay.md, "Passes and late commits").
+    """
+    if bound is None or not records or records[-1]["seq"] <= bound:
+        return records, False
+    return [r for r in records if r["seq"] <= bound], True  # in seq order: a prefix
+
+
 class Fetched(NamedTuple):
     """One fetch: the rows to send, whether the statement's limit was reached, the last
     seq it read (the cursor's next position), rows left out included, the in-flight
     window's mark taken when it started (InFlightWindow.held_since), the seq it read after,
-    and whether it was a cursor fetch (one that must vouch for its rows, _vouched)."""
+    whether it was a cursor fetch (one that must vouch for its rows, _vouched), whether it
+    opened a full pass, and then the highest seq drawn before it (_within_bound; None when
+    unknown)."""
 
     records: list[Any]
     full: bool
@@ -81,6 +96,8 @@ class Fetched(NamedTuple):
     mark: int
     start: int = 0
     cursor_fetch: bool = False
+    opens_pass: bool = False
+    bound: int | None = None
 
 
 _NOTHING_FETCHED = Fetched([], full=False, last_seq=None, mark=-1)
@@ -138,6 +155,7 @@ class Relay:
         self._window = InFlightWindow(config.max_in_flight_batches)
         self._last_lane_tick_ok = 0.0
         self._read_up_to = 0  # the highest seq any fetch has read
+        self._bound_unreadable_said = False  # the sequence's refusal is logged once
         # Until then every pass starts from the beginning: a failure recorded lately
         # waits behind the cursor for its retry (relay/engine.py, _record).
         self._full_passes_until = 0.0
@@ -346,6 +364,9 @@ class Relay:
         full_pass = False
         pass_started = 0.0
         pass_mark: int | None = None  # relay/inflight.py: keys released since the pass began
+        # The highest seq drawn before the pass's first fetch: its later fetches send
+        # nothing above it (_within_bound). None: not known, nothing is cut.
+        pass_bound: int | None = None
         fetched_lanes: frozenset[int] = frozenset()  # the lanes the last fetch read
         # While a full batch is mapped and handed to the producer, the database already
         # reads the next one. A prefetch holds an in-flight slot of its own.
@@ -385,7 +406,10 @@ class Relay:
                     self._wake.clear()
                     await window.take_slot()
                     fetching: Awaitable[Fetched] = self._fetch(
-                        lanes, self._wake.take_start(cursor), cursor_fetch=not full_pass
+                        lanes,
+                        self._wake.take_start(cursor),
+                        cursor_fetch=not full_pass,
+                        opens_pass=cursor == 0,
                     )
                 else:
                     fetching, prefetch = prefetch.records(), None
@@ -399,6 +423,7 @@ class Relay:
                     )
                     continue
                 records, full, last_seq, mark = fetched[:4]
+                pass_cut = False
                 if fetched.cursor_fetch:
                     if self._announced_below(fetched):
                         # Read again from below them (the next fetch starts there),
@@ -407,6 +432,15 @@ class Relay:
                         window.give_back_slot()
                         continue
                     records, full, last_seq = self._vouched(records, full, last_seq)
+                elif fetched.opens_pass:
+                    pass_bound = fetched.bound
+                else:
+                    records, pass_cut = _within_bound(records, pass_bound)
+                    if pass_cut:
+                        # The pass ends here and the next starts from the beginning at
+                        # once: it reads any row stepped over before its key's next one.
+                        self._wake.request_full_pass()
+                        full = True
                 fetched_lanes = frozenset(lanes)
                 if last_seq is not None:
                     # A fetch that was not full read every visible row after its start: a
@@ -417,6 +451,7 @@ class Relay:
                 # so the next one starts from the beginning.
                 if (
                     full
+                    and not pass_cut
                     and lanes
                     and fetched_lanes.issuperset(lanes)
                     and not self._producer.broken
@@ -526,8 +561,11 @@ class Relay:
                 await asyncio.wait([sent.future for sent in self._unanswered[0].batches])
             self._unanswered.popleft()
 
-    async def _fetch(self, lanes: list[int], cursor: int, *, cursor_fetch: bool) -> Fetched:
-        """Ready rows after ``cursor``, minus those in flight when the statement started.
+    async def _fetch(
+        self, lanes: list[int], cursor: int, *, cursor_fetch: bool, opens_pass: bool = False
+    ) -> Fetched:
+        """Ready rows after ``cursor``, minus those in flight when the statement started;
+        a full pass's first fetch (``opens_pass``) reads the pass's bound before it.
 
         A pass that starts while batches are in flight meets their rows again. They are
         left out by the set taken *before* the statement: a row whose outcome is recorded
@@ -536,6 +574,7 @@ class Relay:
         from earlier fetches, whose rows lie below ``cursor``.
         """
         assert self._store is not None
+        bound = await self._pass_bound() if opens_pass else None
         # Every row in flight was read by some fetch, so none lies above the highest seq
         # read so far: a fetch from there on (every fetch of an ordinary pass) needs no set.
         meets_in_flight = cursor < self._read_up_to and not self._window.empty()
@@ -555,7 +594,22 @@ class Relay:
             mark=mark,
             start=cursor,
             cursor_fetch=cursor_fetch,
+            opens_pass=opens_pass,
+            bound=bound,
         )
+
+    async def _pass_bound(self) -> int | None:
+        """The highest seq drawn so far, read before a full pass's first fetch; None (and a
+        warning, once) when the relay's role may not read the sequence."""
+        assert self._store is not None
+        bound = await self._store.seq_allocated()
+        if bound is None and not self._bound_unreadable_said:
+            self._bound_unreadable_said = True
+            log.warning(
+                "cannot read the outbox sequence; a full pass may publish a late commit's "
+                "next row before it: run `outbox-relay grant` again for the relay's role",
+            )
+        return bound
 
     async def _send(self, rows: list[OutboxRow], fences: dict[int, int]) -> Batch:
         records: list[KafkaRecord | None] = []

@@ -53,6 +53,16 @@ _HELD_LANES = """held AS (
     FOR KEY SHARE OF l
 )"""
 
+# The highest seq handed out so far (0 before the first). Read before a full pass's first
+# fetch, it bounds what the pass's later fetches may send: a row that fetch stepped over
+# (its transaction had not committed) commits after that read, and its key's next row
+# takes its seq only then, so above the bound (docs/relay.md, "Passes and late commits").
+# Needs SELECT on the sequence; with the default CACHE 1, last_value is the last seq any
+# session drew.
+SEQ_ALLOCATED = """
+SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM outbox_seq_seq
+"""
+
 # Acknowledged rows leave the hot table and become receipts in one statement, but only
 # for lanes this instance still holds with the fence it fetched them under; a stale
 # owner's acknowledgement changes nothing and the new owner republishes (same id). The

@@ -179,6 +179,15 @@ class RelayStore:
             records: list[Any] = await conn.fetch(sql.FETCH_READY, lane_filter, cursor, limit)
         return records
 
+    async def seq_allocated(self) -> int | None:
+        """The highest seq drawn so far (sql.SEQ_ALLOCATED); None when this role may not
+        read the sequence (granted before the relay needed it: run ``grant`` again)."""
+        async with pooled(self._pool) as conn:
+            try:
+                return int(await conn.fetchval(sql.SEQ_ALLOCATED))
+            except asyncpg.InsufficientPrivilegeError:
+                return None
+
     async def record_outcome(
         self,
         fences: Mapping[int, int],

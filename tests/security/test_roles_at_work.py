@@ -83,6 +83,10 @@ async def test_the_parts_do_their_work_under_their_own_roles(
         )
         assert sorted(r.key for r in records) == [b"job-roles", b"order-1"]
         assert running.relay.ready()
+        # Its full passes are bounded by the sequence it may read (docs/relay.md).
+        assert running.relay._store is not None
+        drawn = await db.fetchval("SELECT last_value FROM outbox_seq_seq")
+        assert await running.relay._store.seq_allocated() == drawn
 
         # The sidecar, with every family on, sees a clean system under its read-only role.
         policy = loose_policy(relay=relay_policy())
@@ -159,6 +163,14 @@ async def test_the_relay_cannot_write_scoring_job_state(
     await _refused(
         relay.url, "INSERT INTO outbox (aggregatetype, aggregateid, type) VALUES ('a', 'b', 'c')"
     )
+    # It reads the outbox sequence's last value, and cannot draw from it or set it.
+    as_relay = await asyncpg.connect(relay.url)
+    try:
+        assert await as_relay.fetchval("SELECT last_value FROM outbox_seq_seq") is not None
+    finally:
+        await as_relay.close()
+    await _refused(relay.url, "SELECT nextval('outbox_seq_seq')")
+    await _refused(relay.url, "SELECT setval('outbox_seq_seq', 1)")
 
 
 async def test_the_writer_cannot_delete_outbox_rows_or_receipts(
@@ -239,3 +251,33 @@ async def test_a_relay_role_without_its_grant_is_unready_naming_the_refusal(
     finally:
         assert service.stop() == 0
     assert not any(bare.password in text for text in service.lines)
+
+
+async def test_a_relay_role_granted_before_it_read_the_sequence_still_delivers_and_says_so(
+    db: asyncpg.Connection,
+    database_url: str,
+    make_role: MakeRole,
+    kafka_bootstrap: str,
+    topic_namespace: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A role granted by an older `grant`: everything but the sequence.
+    relay = await make_role("relay")
+    await grant(database_url, relay.name, "relay")
+    await db.execute(f'REVOKE ALL ON SEQUENCE outbox_seq_seq FROM "{relay.name}"')
+    for n in range(3):
+        await db.execute(INSERT, "order", f"order-{n}", "order.placed", json.dumps({"n": n}))
+    caplog.set_level("WARNING", logger="relay.engine")
+    async with running_relay(fast_config(relay.url, kafka_bootstrap, topic_namespace)):
+        await wait_until(lambda: db.fetchval("SELECT count(*) = 0 FROM outbox"))
+        # Several full passes (one every poll interval), one warning.
+        await wait_until(
+            lambda: db.fetchval(
+                "SELECT count(*) = 3 FROM outbox_receipt WHERE published_at < now() - "
+                "interval '600 ms'"
+            ),
+            timeout=10,
+        )
+    said = [r.getMessage() for r in caplog.records if "outbox sequence" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "outbox-relay grant" in said[0]
