@@ -156,6 +156,10 @@ class Relay:
         self._last_lane_tick_ok = 0.0
         self._read_up_to = 0  # the highest seq any fetch has read
         self._bound_unreadable_said = False  # the sequence's refusal is logged once
+        # A pass bound read while the loop waited, for the next full pass to take instead
+        # of reading its own on the way to its first fetch (_refresh_bound).
+        self._spare_bound: int | None = None
+        self._bound_refreshing = False
         # Until then every pass starts from the beginning: a failure recorded lately
         # waits behind the cursor for its retry (relay/engine.py, _record).
         self._full_passes_until = 0.0
@@ -499,6 +503,9 @@ class Relay:
                     # recorded. It starts from the cursor, or below the lowest seq notified
                     # meanwhile: a late commit is read before any later row of its key.
                     full_pass = False
+                    if _elapsed_ms(pass_started) >= poll_ms / 2:
+                        # The next pass is due soon: its bound is read during the wait.
+                        self._start_bound_refresh(prefetching)
                     with anyio.move_on_after(config.poll_interval_ms / 1000) as polling:
                         await self._answered()
                         await self._wake.wait()
@@ -574,7 +581,13 @@ class Relay:
         from earlier fetches, whose rows lie below ``cursor``.
         """
         assert self._store is not None
-        bound = await self._pass_bound() if opens_pass else None
+        bound = None
+        if opens_pass:
+            # A bound read earlier is as sound (read before this statement starts), only
+            # lower; at light load the pass's first fetch is its only one.
+            bound, self._spare_bound = self._spare_bound, None
+            if bound is None:
+                bound = await self._pass_bound()
         # Every row in flight was read by some fetch, so none lies above the highest seq
         # read so far: a fetch from there on (every fetch of an ordinary pass) needs no set.
         meets_in_flight = cursor < self._read_up_to and not self._window.empty()
@@ -597,6 +610,19 @@ class Relay:
             opens_pass=opens_pass,
             bound=bound,
         )
+
+    def _start_bound_refresh(self, group: TaskGroup) -> None:
+        if self._spare_bound is None and not self._bound_refreshing:
+            self._bound_refreshing = True
+            group.start_soon(self._refresh_bound)
+
+    async def _refresh_bound(self) -> None:
+        try:
+            self._spare_bound = await self._pass_bound()
+        except DB_ERRORS:
+            pass  # the next pass reads its own
+        finally:
+            self._bound_refreshing = False
 
     async def _pass_bound(self) -> int | None:
         """The highest seq drawn so far, read before a full pass's first fetch; None (and a
