@@ -107,13 +107,25 @@ async def record_published(
     instance_id: str,
     fences: Mapping[int, int],
     groups: Sequence[PublishedGroup],
+    *,
+    in_transaction: bool = False,
 ) -> int:
     """Turn acknowledged rows of lanes still held under ``fences`` into receipts; return
-    how many (fewer than acknowledged when a lane changed owner meanwhile)."""
+    how many (fewer than acknowledged when a lane changed owner meanwhile).
+
+    On its own the plain insert goes first and the upsert only when a receipt of one of
+    the events is already there (sql.RECORD_PUBLISHED says why); inside a transaction a
+    refused statement would end it, so there the upsert goes at once.
+    """
     lanes, lane_fences = _lanes_and_fences(fences)
-    recorded: int = await conn.fetchval(
-        sql.RECORD_PUBLISHED, instance_id, lanes, lane_fences, *published_arrays(groups)
-    )
+    args = (instance_id, lanes, lane_fences, *published_arrays(groups))
+    if not in_transaction:
+        try:
+            published: int = await conn.fetchval(sql.RECORD_PUBLISHED, *args)
+            return published
+        except asyncpg.UniqueViolationError:
+            pass  # an event published before: the statement changed nothing
+    recorded: int = await conn.fetchval(sql.RECORD_REPUBLISHED, *args)
     return recorded
 
 
@@ -209,7 +221,9 @@ class RelayStore:
         async with pooled(self._pool) as conn, conn.transaction():
             await conn.execute(sql.ASYNC_COMMIT)
             if published:
-                recorded = await record_published(conn, self._instance_id, fences, published)
+                recorded = await record_published(
+                    conn, self._instance_id, fences, published, in_transaction=True
+                )
             if failed:
                 quarantined = await record_failed(
                     conn, self._instance_id, fences, failed, delays_ms, max_attempts

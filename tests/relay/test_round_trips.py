@@ -81,7 +81,8 @@ async def test_a_fetch_and_the_record_of_a_published_batch_are_one_statement_eac
         with counted_statements(monkeypatch) as sent:
             recorded = await store.record_outcome(fences, [group], [], [], max_attempts=5)
         assert recorded.published == 3
-        assert len(sent) == 1, sent
+        # The plain insert of the receipts, not the upsert (sql.RECORD_PUBLISHED).
+        assert sent == [sql.RECORD_PUBLISHED], sent
     finally:
         await pool.close()
 
@@ -93,6 +94,45 @@ async def test_a_fetch_and_the_record_of_a_published_batch_are_one_statement_eac
         "SELECT published_total FROM relay_instance WHERE instance_id = $1", INSTANCE
     )
     assert published_total == 3
+
+
+async def test_an_event_published_before_gets_its_receipt_moved_to_the_new_offset(
+    db: asyncpg.Connection, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A receipt of the event is already there (it was published before, same id): the
+    plain insert is refused as a whole and the upsert records the batch instead."""
+    again = await db.fetchval(INSERT_ROW + "RETURNING id", "k-again", json.dumps(1))
+    await db.execute(INSERT_ROW, "k-new", json.dumps(2))
+    await db.execute(
+        "INSERT INTO outbox_receipt (id, aggregatetype, aggregateid, type, topic, "
+        "kafka_partition, kafka_offset, created_at) "
+        "VALUES ($1, 'order', 'k-again', 'created', 'old', 3, 7, now())",
+        again,
+    )
+    fences = await _held_lanes(db)
+    pool = await create_relay_pool(database_url)
+    try:
+        store = RelayStore(pool, instance_id=INSTANCE)
+        records = await store.fetch_ready(list(range(sql.LANE_COUNT)), 0, 10)
+        rows = [OutboxRow.from_record(r) for r in records]
+        with counted_statements(monkeypatch) as sent:
+            recorded = await store.record_outcome(
+                fences, [PublishedGroup("t", 0, 40, rows)], [], [], max_attempts=5
+            )
+        assert recorded.published == 2
+        assert sent == [sql.RECORD_PUBLISHED, sql.RECORD_REPUBLISHED], sent
+    finally:
+        await pool.close()
+    receipts = await db.fetch(
+        "SELECT aggregateid, topic, kafka_partition, kafka_offset FROM outbox_receipt "
+        "ORDER BY kafka_offset"
+    )
+    assert [tuple(r) for r in receipts] == [("k-again", "t", 0, 40), ("k-new", "t", 0, 41)]
+    assert await db.fetchval("SELECT count(*) FROM outbox") == 0
+    published_total = await db.fetchval(
+        "SELECT published_total FROM relay_instance WHERE instance_id = $1", INSTANCE
+    )
+    assert published_total == 2
 
 
 async def test_the_bookkeeping_commit_setting_does_not_stay_on_the_pooled_connection(
