@@ -107,8 +107,6 @@ async def record_published(
     instance_id: str,
     fences: Mapping[int, int],
     groups: Sequence[PublishedGroup],
-    *,
-    in_transaction: bool = False,
 ) -> int:
     """Turn acknowledged rows of lanes still held under ``fences`` into receipts; return
     how many (fewer than acknowledged when a lane changed owner meanwhile).
@@ -119,7 +117,7 @@ async def record_published(
     """
     lanes, lane_fences = _lanes_and_fences(fences)
     args = (instance_id, lanes, lane_fences, *published_arrays(groups))
-    if not in_transaction:
+    if not conn.is_in_transaction():
         try:
             published: int = await conn.fetchval(sql.RECORD_PUBLISHED, *args)
             return published
@@ -221,9 +219,7 @@ class RelayStore:
         async with pooled(self._pool) as conn, conn.transaction():
             await conn.execute(sql.ASYNC_COMMIT)
             if published:
-                recorded = await record_published(
-                    conn, self._instance_id, fences, published, in_transaction=True
-                )
+                recorded = await record_published(conn, self._instance_id, fences, published)
             if failed:
                 quarantined = await record_failed(
                     conn, self._instance_id, fences, failed, delays_ms, max_attempts
