@@ -32,6 +32,9 @@ def freeze_startup_heap() -> int:
     events/s, and every event waiting meanwhile waited that long (docs/benchmarks.md,
     "The garbage collector"). Collected first, so nothing that is already garbage stays
     for good. Frozen objects are still freed when their last reference goes.
+
+    The ``run`` verb calls it once per process (cli._serve), not :func:`run_service`:
+    tests that run the service inside their own process keep their heap as it was.
     """
     gc.collect()
     gc.freeze()
