@@ -7,7 +7,6 @@ the drain timeout), records them, hands the lanes back and exits 0.
 
 from __future__ import annotations
 
-import gc
 import logging
 import signal
 
@@ -21,24 +20,6 @@ from relay.engine import Relay
 from relay.metrics import RelayMetrics
 
 log = logging.getLogger("outbox_relay")
-
-
-def freeze_startup_heap() -> int:
-    """Move every object alive now (modules, classes, functions: what start-up built) out of
-    the garbage collector's sight; returns how many it holds frozen.
-
-    Those objects live as long as the process, yet each full collection walked all of
-    them (about 40,000): 20 to 56 ms with the event loop stopped, twice in 20 s at 1,000
-    events/s, and every event waiting meanwhile waited that long (docs/benchmarks.md,
-    "The garbage collector"). Collected first, so nothing that is already garbage stays
-    for good. Frozen objects are still freed when their last reference goes.
-
-    The ``run`` verb calls it once per process (cli._serve), not :func:`run_service`:
-    tests that run the service inside their own process keep their heap as it was.
-    """
-    gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count()
 
 
 async def run_service(settings: ServiceSettings) -> int:

@@ -1,0 +1,117 @@
+"""The ``run`` verb's process-wide settings (outbox_relay/runtime.py).
+
+It keeps the memory its large, short-lived buffers free instead of faulting it in again:
+a drain builds and frees buffers of about a megabyte for every batch (rows read from
+PostgreSQL, produce requests), and with glibc's defaults each free of such a block went
+back to the kernel, so the next batch faulted the same pages in again: 1.5 minor page
+faults per event, measured on ``outbox-relay run`` (docs/benchmarks.md, "The allocator").
+And it freezes what start-up built, so full collections stop walking it.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import gc
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from outbox_relay import cli, runtime
+from outbox_relay.cli import build_parser
+from outbox_relay.options import resolve
+from outbox_relay.runtime import freeze_startup_heap
+from outbox_relay.settings import ServiceSettings
+
+glibc_only = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or ctypes.util.find_library("c") != "libc.so.6",
+    reason="the thresholds are glibc's",
+)
+
+
+@pytest.fixture
+def unfrozen() -> Iterator[None]:
+    """The test process's heap is left as it was found."""
+    assert gc.get_freeze_count() == 0
+    yield
+    gc.unfreeze()
+
+
+def test_a_full_collection_no_longer_walks_what_start_up_built(unfrozen: None) -> None:
+    alive = len(gc.get_objects())  # imports alone: tens of thousands
+    frozen = freeze_startup_heap()
+    assert frozen == gc.get_freeze_count() >= alive * 0.9
+    # what a full collection would still walk: only what came after the freeze
+    assert len(gc.get_objects(generation=2)) < alive / 20
+
+
+# A batch's worth of transient megabyte buffers, 200 times over; prints the minor page
+# faults of the loop alone. The environment is cleared of glibc's own knobs in the test.
+_CHURN = """
+import resource, sys
+from outbox_relay.runtime import tune_allocator
+tuned = sys.argv[1] == "tuned" and tune_allocator()
+chunk = b"x" * (1 << 20)
+def batch():
+    parts = [chunk + b"%d" % i for i in range(4)]  # four live at once, as in a request
+    return len(b"".join(parts))
+batch()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(200):
+    batch()
+print(tuned, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def _faults(mode: str) -> tuple[str, int]:
+    env = {"PATH": "/usr/bin:/bin"}  # no GLIBC_TUNABLES, no MALLOC_*_ from the caller
+    out = subprocess.run(
+        [sys.executable, "-c", _CHURN, mode], env=env, check=True, capture_output=True, text=True
+    ).stdout.split()
+    return out[0], int(out[1])
+
+
+@glibc_only
+def test_freed_megabyte_buffers_are_reused_not_faulted_in_again() -> None:
+    _, untuned = _faults("untuned")
+    tuned_flag, tuned = _faults("tuned")
+    assert tuned_flag == "True"
+    # 200 rounds of ~9 MiB: untuned, the pages come back from the kernel every round
+    assert untuned > 200 * 256
+    assert tuned < untuned / 20
+
+
+def test_an_operators_own_malloc_settings_are_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(
+        runtime, "_mallopt", lambda option, value: calls.append((option, value)) or 1
+    )
+    for name in ("GLIBC_TUNABLES", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_"):
+        monkeypatch.setenv(
+            name, "glibc.malloc.trim_threshold=1" if name == "GLIBC_TUNABLES" else "1"
+        )
+        assert runtime.tune_allocator() is False
+        monkeypatch.delenv(name)
+    assert calls == []
+    assert runtime.tune_allocator() is True
+    assert len(calls) == 2
+
+
+async def test_run_tunes_the_allocator_and_freezes_the_heap_before_the_service(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(cli, "tune_allocator", lambda: calls.append("allocator") or True)
+    monkeypatch.setattr(cli, "freeze_startup_heap", lambda: calls.append("freeze") or 0)
+
+    async def service(settings: ServiceSettings) -> int:
+        calls.append("service")
+        return 0
+
+    monkeypatch.setattr(cli, "run_service", service)
+    args = build_parser().parse_args(["run", "--no-relay", "--policy", "docs/policy.example.toml"])
+    settings = resolve(args, {})
+    assert isinstance(settings, ServiceSettings)
+    assert await cli._serve(settings) == 0
+    assert calls == ["allocator", "freeze", "service"]
