@@ -11,16 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, Literal, TypeVar
+from typing import Generic, Literal, Protocol, TypeVar
 
 import asyncpg
 
-from contracts.health import Evidence
-from contracts.policy import FamilyPolicy
+from contracts.health import CompletionOutboxEvidence, Evidence
+from contracts.policy import CompletionOutboxPolicy, FamilyPolicy
 from health.rules import Verdict
-
-if TYPE_CHECKING:  # the tracker's module builds on the completion family, which builds on this
-    from health.families.completion_tracker import CompletionTracker
 
 P = TypeVar("P", bound=FamilyPolicy)
 E = TypeVar("E", bound=Evidence)
@@ -58,13 +55,27 @@ class Gauge:
     """The measurement is in ms and the gauge in seconds."""
 
 
+class CompletionProbe(Protocol):
+    """What a probe asks of the sidecar's incremental completion check
+    (health/families/completion_tracker.py, ``CompletionTracker``). Named here, not
+    imported: the tracker builds on the completion family, which builds on this module."""
+
+    async def probe(
+        self,
+        conn: asyncpg.Connection,
+        policy: CompletionOutboxPolicy,
+        *,
+        receipt_retention_ms: int | None,
+    ) -> CompletionOutboxEvidence: ...
+
+
 @dataclass(frozen=True)
 class ProbeContext:
     """What a probe may need beyond its own policy section."""
 
     receipt_retention_ms: int | None
     """How long the relay keeps delivery receipts; None when nobody said."""
-    completion: CompletionTracker | None = None
+    completion: CompletionProbe | None = None
     """The sidecar's incremental completion check; None for one-shot evaluations."""
 
 
