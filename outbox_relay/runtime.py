@@ -7,7 +7,7 @@ tests that run the service inside their own process keep the interpreter's defau
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import gc
 import os
 from collections.abc import Callable
@@ -24,20 +24,18 @@ TRIM_THRESHOLD_BYTES = 32 << 20
 _OPERATOR_SETTINGS = ("GLIBC_TUNABLES", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")
 
 
-def _load_mallopt() -> Callable[[int, int], int] | None:
+@functools.cache
+def _glibc_mallopt() -> Callable[[int, int], int] | None:
     """glibc's ``mallopt``; None where the C library is another (musl, macOS)."""
-    if ctypes.util.find_library("c") != "libc.so.6":
-        return None
     try:
+        if not (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"):
+            return None
         mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
+    except (ValueError, OSError, AttributeError):  # no such confstr name, no such library
         return None
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
     return mallopt
-
-
-_mallopt = _load_mallopt()
 
 
 def tune_allocator() -> bool:
@@ -49,18 +47,19 @@ def tune_allocator() -> bool:
     them when they are freed, and hands free memory at the top of its heap back to the
     kernel beyond 128 KiB (both thresholds grow with use, but not past the working set of
     one batch): every batch faulted the same pages in again, 1.5 minor page faults per
-    event and about a seventh of the relay's CPU in a drain (docs/benchmarks.md, "The
+    event and about a tenth of the relay's CPU in a drain (docs/benchmarks.md, "The
     allocator"). The peak resident set does not grow: what is kept is what the peak
     already held.
 
     Nothing is set where the operator set glibc's own knobs, or where the C library is
     not glibc.
     """
-    if _mallopt is None or any(name in os.environ for name in _OPERATOR_SETTINGS):
+    mallopt = _glibc_mallopt()
+    if mallopt is None or any(name in os.environ for name in _OPERATOR_SETTINGS):
         return False
     # Setting one threshold stops glibc from moving the other: set both, mmap first.
-    return bool(_mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
-        _mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
     )
 
 

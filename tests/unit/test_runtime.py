@@ -10,7 +10,6 @@ And it freezes what start-up built, so full collections stop walking it.
 
 from __future__ import annotations
 
-import ctypes.util
 import gc
 import subprocess
 import sys
@@ -25,8 +24,7 @@ from outbox_relay.runtime import freeze_startup_heap
 from outbox_relay.settings import ServiceSettings
 
 glibc_only = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or ctypes.util.find_library("c") != "libc.so.6",
-    reason="the thresholds are glibc's",
+    runtime._glibc_mallopt() is None, reason="the thresholds are glibc's"
 )
 
 
@@ -84,9 +82,12 @@ def test_freed_megabyte_buffers_are_reused_not_faulted_in_again() -> None:
 
 def test_an_operators_own_malloc_settings_are_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[int, int]] = []
-    monkeypatch.setattr(
-        runtime, "_mallopt", lambda option, value: calls.append((option, value)) or 1
-    )
+
+    def mallopt(option: int, value: int) -> int:
+        calls.append((option, value))
+        return 1
+
+    monkeypatch.setattr(runtime, "_glibc_mallopt", lambda: mallopt)
     for name in ("GLIBC_TUNABLES", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_"):
         monkeypatch.setenv(
             name, "glibc.malloc.trim_threshold=1" if name == "GLIBC_TUNABLES" else "1"
