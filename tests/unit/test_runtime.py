@@ -75,7 +75,7 @@ def test_freed_megabyte_buffers_are_reused_not_faulted_in_again() -> None:
     _, untuned = _faults("untuned")
     tuned_flag, tuned = _faults("tuned")
     assert tuned_flag == "True"
-    # 200 rounds of ~9 MiB: untuned, the pages come back from the kernel every round
+    # 200 rounds of 8 MiB: untuned, the pages come back from the kernel every round
     assert untuned > 200 * 256
     assert tuned < untuned / 20
 
