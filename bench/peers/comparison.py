@@ -38,6 +38,12 @@ REST_PORTS = range(26301, 26400)  # Kafka Connect's REST listener, one port per 
 SYSTEMS = ("relay", "debezium-poll1ms", "debezium-poll10ms", "raw-send", "raw-send_batch")
 # The batch API is a throughput ceiling; for latency one record per batch says nothing new.
 LATENCY_SYSTEMS = ("relay", "debezium-poll1ms", "debezium-poll10ms", "raw-send")
+# The two systems of each phase's tightest target run back to back, each first in turn: a
+# neighbour's load on a shared machine comes and goes within a minute, and a drain lasts a
+# few seconds, so a ratio of two drains a minute apart measured the neighbour as much as
+# the systems (docs/benchmarks.md, "Reading the figures").
+DRAIN_PAIR = ("relay", "raw-send")
+LATENCY_PAIR = ("relay", "debezium-poll1ms")
 
 
 @dataclass(frozen=True)
@@ -72,10 +78,20 @@ class Scale:
         )
 
 
-def run_order(systems: tuple[str, ...], run: int) -> list[str]:
-    """Run ``run`` (from 0) starts ``run`` places further along the list."""
-    shift = run % len(systems)
-    return list(systems[shift:] + systems[:shift])
+def run_order(systems: tuple[str, ...], run: int, pair: tuple[str, ...] = ()) -> list[str]:
+    """Run ``run`` (from 0) starts ``run`` places further along the list; ``pair``'s
+    systems, where both are selected, go back to back, its first one first on even runs."""
+    together = pair if pair and all(name in systems for name in pair) else ()
+    units: list[tuple[str, ...]] = []
+    for name in systems:
+        if name in together[1:]:
+            continue  # goes with the pair's first
+        if together and name == together[0]:
+            units.append(together if run % 2 == 0 else together[::-1])
+        else:
+            units.append((name,))
+    shift = run % len(units)
+    return [name for unit in units[shift:] + units[:shift] for name in unit]
 
 
 @dataclass
@@ -104,10 +120,10 @@ class Comparison:
     async def run(self, progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
         """Every run: the catch-up of every system, then the latency of every system."""
         for run in range(self.scale.runs):
-            for name in run_order(self.scale.systems, run):
+            for name in run_order(self.scale.systems, run, DRAIN_PAIR):
                 figures = await drain(self.subject(name), self.bootstrap, self.scale)
                 self._keep(run, name, "drain", figures, progress)
-            for name in run_order(self.scale.latency_systems(), run):
+            for name in run_order(self.scale.latency_systems(), run, LATENCY_PAIR):
                 figures = await latency(self.subject(name), self.bootstrap, self.scale)
                 self._keep(run, name, "latency", figures, progress)
         return self.results

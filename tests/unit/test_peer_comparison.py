@@ -10,7 +10,14 @@ import pytest
 
 from bench import report
 from bench.peers import debezium, measure
-from bench.peers.comparison import SYSTEMS, Scale, run_order
+from bench.peers.comparison import (
+    DRAIN_PAIR,
+    LATENCY_PAIR,
+    LATENCY_SYSTEMS,
+    SYSTEMS,
+    Scale,
+    run_order,
+)
 from bench.peers.measure import latencies_ms, percentile
 from bench.report import median_or_none, per_run_ratios, rss_line, verdict
 
@@ -87,9 +94,30 @@ def test_latency_counts_only_events_both_sides_know() -> None:
 
 
 def test_runs_alternate_which_system_goes_first() -> None:
-    firsts = [run_order(SYSTEMS, run)[0] for run in range(len(SYSTEMS))]
-    assert sorted(firsts) == sorted(SYSTEMS)
-    assert sorted(run_order(SYSTEMS, 3)) == sorted(SYSTEMS)
+    firsts = {run_order(SYSTEMS, run, DRAIN_PAIR)[0] for run in range(4)}
+    assert firsts == {"relay", "debezium-poll1ms", "debezium-poll10ms", "raw-send_batch"}
+    for run in range(6):
+        assert sorted(run_order(SYSTEMS, run, DRAIN_PAIR)) == sorted(SYSTEMS)
+
+
+@pytest.mark.parametrize(
+    ("systems", "pair"), [(SYSTEMS, DRAIN_PAIR), (LATENCY_SYSTEMS, LATENCY_PAIR)]
+)
+def test_a_target_s_two_systems_run_back_to_back_each_first_in_turn(
+    systems: tuple[str, ...], pair: tuple[str, str]
+) -> None:
+    orders = [run_order(systems, run, pair) for run in range(6)]
+    for order in orders:
+        at = order.index(pair[0])
+        assert abs(order.index(pair[1]) - at) == 1, order
+    leaders = [min(pair, key=order.index) for order in orders]
+    assert leaders == [pair[0], pair[1]] * 3
+
+
+def test_a_pair_not_selected_leaves_the_plain_rotation() -> None:
+    systems = ("relay", "raw-send_batch")
+    assert run_order(systems, 0, DRAIN_PAIR) == ["relay", "raw-send_batch"]
+    assert run_order(systems, 1, DRAIN_PAIR) == ["raw-send_batch", "relay"]
 
 
 def test_scale_counts_the_measurements_of_the_selected_systems() -> None:
