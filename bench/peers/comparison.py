@@ -41,7 +41,7 @@ LATENCY_SYSTEMS = ("relay", "debezium-poll1ms", "debezium-poll10ms", "raw-send")
 # The two systems of each phase's tightest target run back to back, each first in turn: a
 # neighbour's load on a shared machine comes and goes within a minute, and a drain lasts a
 # few seconds, so a ratio of two drains a minute apart measured the neighbour as much as
-# the systems (docs/benchmarks.md, "Reading the figures").
+# the systems (docs/benchmarks.md, "Setup", the runs).
 DRAIN_PAIR = ("relay", "raw-send")
 LATENCY_PAIR = ("relay", "debezium-poll1ms")
 
@@ -81,7 +81,7 @@ class Scale:
 def run_order(systems: tuple[str, ...], run: int, pair: tuple[str, ...] = ()) -> list[str]:
     """Run ``run`` (from 0) starts ``run`` places further along the list; ``pair``'s
     systems, where both are selected, go back to back, its first one first on even runs."""
-    together = pair if pair and all(name in systems for name in pair) else ()
+    together = pair if all(name in systems for name in pair) else ()
     units: list[tuple[str, ...]] = []
     for name in systems:
         if name in together[1:]:
