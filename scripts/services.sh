@@ -710,7 +710,7 @@ kafka_up() {
     fi
     if [[ ! -f "$KAFKA_DATA/meta.properties" ]]; then
         local cluster_id
-        cluster_id="$("$VPY" -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')"
+        cluster_id="$("$VPY" "$ROOT/scripts/kafka_cluster_id.py")"
         log "kafka: formatting storage (cluster id $cluster_id)"
         java "${KAFKA_JVM_OPTS[@]}" kafka.tools.StorageTool format -t "$cluster_id" -c "$KAFKA_DIR/server.properties" \
             "${KAFKA_FORMAT_ARGS[@]}" >"$KAFKA_DIR/format.log" 2>&1 || die "kafka: storage format failed" "$KAFKA_DIR/format.log"
