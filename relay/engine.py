@@ -27,6 +27,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 import anyio
+import anyio.lowlevel
 import asyncpg
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -471,6 +472,10 @@ class Relay:
                         prefetch.fill,
                         partial(self._fetch, lanes, cursor, cursor_fetch=not full_pass),
                     )
+                    # Let it run as far as sending its statement (its first real wait)
+                    # before this batch is mapped: mapping never yields, and a prefetch
+                    # sent only after it would take turns with it instead of overlapping.
+                    await anyio.lowlevel.checkpoint()
                 # Lanes may have been handed back meanwhile, and keys held back by a
                 # failure this relay has not recorded yet (or recorded after this fetch
                 # began) are skipped: the next pass finds those rows again.
