@@ -121,7 +121,7 @@ async def test_relay_through_pgbouncer_is_woken_by_notify_on_the_direct_url(
     writer = await asyncpg.connect(behind_pgbouncer.pooled, **POOLED)
     try:
         async with running_relay(config) as running:
-            await wait_until(lambda: running.metric("outbox_relay_lanes_owned") == 64)
+            await running.holds_every_lane()
             await asyncio.sleep(1.0)  # the first pass over the empty outbox is over
             async with writer.transaction():
                 for i in range(20):

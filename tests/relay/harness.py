@@ -15,6 +15,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
+from relay import sql
 from relay.config import RelayConfig
 from relay.engine import Relay
 from relay.metrics import RelayMetrics
@@ -53,6 +54,12 @@ class RunningRelay:
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
         value = self.registry.get_sample_value(name, labels or {})
         return 0.0 if value is None else value
+
+    async def holds_every_lane(self, timeout: float = 30.0) -> None:
+        """Wait until this relay owns every lane (what a lone instance claims)."""
+        await wait_until(
+            lambda: self.metric("outbox_relay_lanes_owned") == sql.LANE_COUNT, timeout=timeout
+        )
 
 
 @contextlib.asynccontextmanager

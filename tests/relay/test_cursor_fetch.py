@@ -22,7 +22,6 @@ from tests.relay.harness import RunningRelay, fast_config, running_relay, wait_u
 
 _LONG_POLL_MS = 60_000
 _PROMPTLY_S = 30  # generous on a busy machine, and still half the poll interval
-_LANES = 64
 
 INSERT_ROW = """
 INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
@@ -54,9 +53,7 @@ async def _published_order(db: asyncpg.Connection, ids: list[str]) -> list[str]:
 
 async def _settled(running: RunningRelay, db: asyncpg.Connection) -> str:
     """Every lane held and one event published: the relay is past its first full pass."""
-    await wait_until(
-        lambda: running.metric("outbox_relay_lanes_owned") == _LANES, timeout=_PROMPTLY_S
-    )
+    await running.holds_every_lane(timeout=_PROMPTLY_S)
     warm = await _insert(db, "k-warm", 0)
     await _all_published(db, [warm["id"]], _PROMPTLY_S)
     return str(warm["id"])

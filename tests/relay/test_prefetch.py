@@ -23,7 +23,6 @@ from tests.relay.harness import fast_config, running_relay, wait_until
 
 _BATCH = 50
 _BATCHES = 4
-_LANES = 64
 _PROMPTLY_S = 30
 
 INSERT_ROWS = """
@@ -62,9 +61,7 @@ async def test_the_next_fetch_is_sent_before_a_full_batch_is_mapped(
         database_url, kafka_bootstrap, topic_namespace, batch_size=_BATCH, poll_interval_ms=60_000
     )
     async with running_relay(config) as running:
-        await wait_until(
-            lambda: running.metric("outbox_relay_lanes_owned") == _LANES, timeout=_PROMPTLY_S
-        )
+        await running.holds_every_lane(timeout=_PROMPTLY_S)
         steps.clear()
         await db.execute(INSERT_ROWS, _BATCH * _BATCHES)  # one commit: a backlog at once
         await wait_until(
