@@ -98,6 +98,11 @@ class InFlightWindow:
         self._open_fetches[self._releases] += 1
         return self._releases
 
+    def holds_nothing(self) -> bool:
+        """True when no key is held or was released while a fetch was open: then
+        :meth:`held_since` is False for every key, and the hot path skips it."""
+        return not self._held_keys and not self._released_at
+
     def held_since(self, key: str, mark: int) -> bool:
         """True while ``key`` is held, or when it was released after the fetch that took
         ``mark`` started: that fetch's snapshot may predate the failure's record."""
