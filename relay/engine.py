@@ -727,9 +727,11 @@ class Relay:
             now_ms = time.time() * 1000
             self.metrics.published.inc(outcome.published_count)
             self.metrics.latency.observe_many(
-                max(0.0, (now_ms - row.created_at_ms) / 1000)
-                for group in outcome.published
-                for row in group.rows
+                [
+                    (now_ms - row.created_at_ms) / 1000
+                    for group in outcome.published
+                    for row in group.rows
+                ]
             )
         self._producer.note_outcome(
             published=bool(outcome.published),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -48,10 +48,24 @@ class BatchHistogram(Collector):
         registry.register(self)
 
     def observe_many(self, values: Iterable[float]) -> None:
-        bounds, counts = self._bounds, self._counts
-        for value in values:
-            counts[bisect_left(bounds, value)] += 1
-            self._sum += value
+        """Count every value (a negative one, from a clock step, as 0) in its bucket.
+
+        Sorted once, then cut at each bound: a batch of a thousand values costs a sort and
+        a few bisections, not a thousand Python-level bucket lookups.
+        """
+        ordered = sorted(values)
+        if not ordered:
+            return
+        counts = self._counts
+        below = bisect_left(ordered, 0.0)  # clock steps count as 0
+        counted = 0
+        for index, bound in enumerate(self._bounds):
+            upto = bisect_right(ordered, bound)  # values <= bound, as Prometheus buckets
+            counts[index] += upto - counted
+            counted = upto
+            if counted == len(ordered):
+                break
+        self._sum += sum(ordered[below:])
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         cumulative, running = [], 0
