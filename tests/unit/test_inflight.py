@@ -186,3 +186,19 @@ async def test_a_retried_row_still_in_flight_releases_its_key_only_with_its_last
     assert not window.held_since("k", pass_mark)
     window.release([second], held_keys=[])
     assert window.held_since("k", pass_mark)
+
+
+async def test_holds_nothing_only_while_no_key_could_be_held_since_any_open_fetch() -> None:
+    window = InFlightWindow(2)
+    assert window.holds_nothing()
+    mark = window.fetch_mark()  # a fetch is open while the key is held and released
+    window.hold(["a"])
+    assert not window.holds_nothing()
+    await window.take_slot()
+    window.release([], held_keys=["a"])
+    # released after that fetch began: its rows of "a" are still held back
+    assert window.held_since("a", mark)
+    assert not window.holds_nothing()
+    window.fetch_done(mark)
+    assert window.holds_nothing()
+    assert not window.held_since("a", window.fetch_mark())
