@@ -72,11 +72,15 @@ def verdict(value: float | None, compare: str, bound: float) -> str:
 
 
 def _figure(rows: Rows, run: int, system: str, phase: str, key: str) -> float | None:
-    for row in rows:
-        if row["run"] == run and row["system"] == system and row["phase"] == phase:
-            value = row.get(key)
-            return float(value) if value is not None else None
-    return None
+    """One system's figure in one run; the mean where the run measured it more than once
+    (the drain pair runs A B B A: a drift across the four cancels in the pair's means)."""
+    values = [
+        float(value)
+        for row in rows
+        if row["run"] == run and row["system"] == system and row["phase"] == phase
+        if (value := row.get(key)) is not None
+    ]
+    return statistics.fmean(values) if values else None
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:

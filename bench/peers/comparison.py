@@ -41,7 +41,8 @@ LATENCY_SYSTEMS = ("relay", "debezium-poll1ms", "debezium-poll10ms", "raw-send")
 # The two systems of each phase's tightest target run back to back, each first in turn: a
 # neighbour's load on a shared machine comes and goes within a minute, and a drain lasts a
 # few seconds, so a ratio of two drains a minute apart measured the neighbour as much as
-# the systems (docs/benchmarks.md, "Setup", the runs).
+# the systems (docs/benchmarks.md, "Setup", the runs). The drain pair runs twice, A B B A,
+# and each system's figure of the run is its mean: the machine also drifts within a run.
 DRAIN_PAIR = ("relay", "raw-send")
 LATENCY_PAIR = ("relay", "debezium-poll1ms")
 
@@ -62,8 +63,9 @@ class Scale:
         return tuple(s for s in self.systems if s in LATENCY_SYSTEMS)
 
     def measurements(self) -> int:
-        """How many rows of figures a complete comparison yields."""
-        return self.runs * (len(self.systems) + len(self.latency_systems()))
+        """How many rows of figures a complete comparison yields (the drain pair twice)."""
+        drains = len(run_order(self.systems, 0, DRAIN_PAIR, sandwich=True))
+        return self.runs * (drains + len(self.latency_systems()))
 
     @classmethod
     def from_env(cls) -> Scale:
@@ -78,16 +80,21 @@ class Scale:
         )
 
 
-def run_order(systems: tuple[str, ...], run: int, pair: tuple[str, ...] = ()) -> list[str]:
+def run_order(
+    systems: tuple[str, ...], run: int, pair: tuple[str, ...] = (), *, sandwich: bool = False
+) -> list[str]:
     """Run ``run`` (from 0) starts ``run`` places further along the list; ``pair``'s
-    systems, where both are selected, go back to back, its first one first on even runs."""
+    systems, where both are selected, go back to back, its first one first on even runs.
+    With ``sandwich`` the pair runs A B B A (B A A B on odd runs): a machine that speeds up
+    or slows down steadily across the four drains favours neither system's mean."""
     together = pair if all(name in systems for name in pair) else ()
     units: list[tuple[str, ...]] = []
     for name in systems:
         if name in together[1:]:
             continue  # goes with the pair's first
         if together and name == together[0]:
-            units.append(together if run % 2 == 0 else together[::-1])
+            lead = together if run % 2 == 0 else together[::-1]
+            units.append(lead + lead[::-1] if sandwich else lead)
         else:
             units.append((name,))
     shift = run % len(units)
@@ -120,7 +127,7 @@ class Comparison:
     async def run(self, progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
         """Every run: the catch-up of every system, then the latency of every system."""
         for run in range(self.scale.runs):
-            for name in run_order(self.scale.systems, run, DRAIN_PAIR):
+            for name in run_order(self.scale.systems, run, DRAIN_PAIR, sandwich=True):
                 figures = await drain(self.subject(name), self.bootstrap, self.scale)
                 self._keep(run, name, "drain", figures, progress)
             for name in run_order(self.scale.latency_systems(), run, LATENCY_PAIR):

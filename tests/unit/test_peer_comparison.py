@@ -114,6 +114,28 @@ def test_a_target_s_two_systems_run_back_to_back_each_first_in_turn(
     assert leaders == [pair[0], pair[1]] * 3
 
 
+def test_the_drain_pair_is_sandwiched_each_system_leading_in_turn() -> None:
+    relay, raw = DRAIN_PAIR
+    for run in range(4):
+        order = run_order(SYSTEMS, run, DRAIN_PAIR, sandwich=True)
+        at = min(order.index(relay), order.index(raw))
+        four = order[at : at + 4]
+        lead = (relay, raw) if run % 2 == 0 else (raw, relay)
+        assert four == [*lead, *lead[::-1]], order
+        assert sorted(order) == sorted([*SYSTEMS, relay, raw])
+
+
+def test_a_system_measured_twice_in_a_run_is_judged_on_its_mean() -> None:
+    rows = [
+        _row(1, "relay", "drain", rate=30_000),
+        _row(1, "raw-send", "drain", rate=40_000),
+        _row(1, "raw-send", "drain", rate=20_000),
+        _row(1, "relay", "drain", rate=18_000),
+    ]
+    # (30,000 + 18,000) / 2 against (40,000 + 20,000) / 2
+    assert per_run_ratios(rows, 1)["drain_vs_send"] == pytest.approx(0.8)
+
+
 def test_a_pair_not_selected_leaves_the_plain_rotation() -> None:
     systems = ("relay", "raw-send_batch")
     assert run_order(systems, 0, DRAIN_PAIR) == ["relay", "raw-send_batch"]
@@ -121,7 +143,7 @@ def test_a_pair_not_selected_leaves_the_plain_rotation() -> None:
 
 
 def test_scale_counts_the_measurements_of_the_selected_systems() -> None:
-    assert Scale(runs=3).measurements() == 3 * (5 + 4)
+    assert Scale(runs=3).measurements() == 3 * (5 + 2 + 4)  # the drain pair twice
     assert Scale(runs=2, systems=("relay", "raw-send_batch")).measurements() == 2 * 3
 
 
