@@ -28,7 +28,7 @@ from migrations.grants import apply_plan, plan_grants, read_facts, render_pendin
 from migrations.runner import apply, load_migrations, require_migrated, verify
 from outbox_relay.logs import configure_logging
 from outbox_relay.options import CHECK, STATUS, VERBS, add_options, resolve, resolve_logging
-from outbox_relay.runtime import freeze_startup_heap, tune_allocator
+from outbox_relay.runtime import freeze_startup_heap, space_young_collections, tune_allocator
 from outbox_relay.service import run_service
 from outbox_relay.settings import (
     GrantSettings,
@@ -235,4 +235,5 @@ async def _serve(settings: ServiceSettings) -> int:
     # Once per process, for the long-running verb only (outbox_relay/runtime.py).
     tune_allocator()
     freeze_startup_heap()
+    space_young_collections()
     return await run_service(settings)

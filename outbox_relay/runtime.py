@@ -1,6 +1,6 @@
 """Process-wide settings the ``run`` verb makes once, before the service starts.
 
-Both are about the long-running process and nothing else: the verbs that run once and the
+All are about the long-running process and nothing else: the verbs that run once and the
 tests that run the service inside their own process keep the interpreter's defaults.
 """
 
@@ -20,6 +20,9 @@ _M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 16 << 20
 # Free memory at the top of the heap is handed back to the kernel only beyond this.
 TRIM_THRESHOLD_BYTES = 32 << 20
+# Young objects the collector lets accumulate before it runs: above what one batch of the
+# default size (1,000 rows) allocates and keeps alive.
+YOUNG_COLLECTION_THRESHOLD = 10_000
 # Set by the operator, these win (glibc reads them at start-up): the relay sets nothing.
 _OPERATOR_SETTINGS = ("GLIBC_TUNABLES", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")
 
@@ -76,3 +79,20 @@ def freeze_startup_heap() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+def space_young_collections() -> None:
+    """Let the young generation grow to :data:`YOUNG_COLLECTION_THRESHOLD` objects before
+    it is collected; the older generations keep the interpreter's ratios.
+
+    Under a backlog nearly everything the relay allocates stays alive until its batch is
+    recorded: the driver's records, the rows, the Kafka records and their headers, several
+    thousand tracked objects per fetch. At the default of 700 each batch set off about
+    eight young collections that freed nothing and carried it all into the older
+    generations, whose collections then walked it again: 0.5-0.7 s of collector time in a
+    200,000-event drain, against 0.04 s at this threshold (docs/benchmarks.md, "The
+    collector"). Reference counting frees almost all of it anyway; the collector is only
+    there for cycles.
+    """
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, middle, old)
