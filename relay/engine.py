@@ -482,14 +482,14 @@ class Relay:
                 publishable = set(lanes)
                 # A key released since this pass began may have rows the pass stepped over.
                 since = mark if pass_mark is None else min(mark, pass_mark)
-                if window.holds_nothing():
-                    rows = [row for row in map(OutboxRow._make, records) if row.lane in publishable]
-                else:
-                    rows = [
-                        row
-                        for row in map(OutboxRow._make, records)
-                        if row.lane in publishable and not window.held_since(row.aggregateid, since)
-                    ]
+                # While nothing is held, no row needs the per-key test (the hot path).
+                held_since = None if window.holds_nothing() else window.held_since
+                rows = [
+                    row
+                    for row in map(OutboxRow._make, records)
+                    if row.lane in publishable
+                    and not (held_since and held_since(row.aggregateid, since))
+                ]
                 if len(rows) < len(records):
                     self._stepped_over = True
                 window.fetch_done(mark)

@@ -127,10 +127,8 @@ class RecordMapper:
         (_, event_id_text, aggregatetype, aggregateid, event_type, payload, tenant_ref,
          schema_version, correlation_ref, causation_ref, traceparent, own_headers, row_topic,
          created_at) = row[:14]  # fmt: skip
-        if row_topic:
-            topic = self._validated(row_topic)
-        else:
-            topic = self._routed.get(aggregatetype) or self.topic_for(row)
+        # The routed topic's cache hit inline; every other case is topic_for's.
+        topic = (not row_topic and self._routed.get(aggregatetype)) or self.topic_for(row)
         event_id = event_id_text.encode()
         key = aggregateid.encode()
         headers: list[tuple[str, bytes]] = [
