@@ -190,7 +190,6 @@ def _same_records(namespace: str) -> list:
     from datetime import UTC, datetime
 
     now = datetime.now(UTC)
-    stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     rows = [
         OutboxRow(
             seq=n,
@@ -206,10 +205,9 @@ def _same_records(namespace: str) -> list:
             traceparent=None,
             headers=None,
             topic=None,
-            created_at=stamp,
+            created_at=now,
             lane=0,
             attempts=0,
-            created_at_ms=int(now.timestamp() * 1000),
         )
         for n in range(1, EVENTS + 1)
     ]

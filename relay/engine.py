@@ -23,6 +23,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -724,13 +725,14 @@ class Relay:
             recording.release()
             self._window.release(batch.rows, (row.aggregateid for row, _ in failed))
         if outcome.published:
-            now_ms = time.time() * 1000
+            now = datetime.now(UTC)
             self.metrics.published.inc(outcome.published_count)
             self.metrics.latency.observe_many(
                 [
-                    (now_ms - row.created_at_ms) / 1000
+                    (now - row.created_at).total_seconds()
                     for group in outcome.published
                     for row in group.rows
+                    if row.created_at is not None  # always, once published
                 ]
             )
         self._producer.note_outcome(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 import msgspec
@@ -61,10 +62,10 @@ class OutboxRow(NamedTuple):
     traceparent: str | None
     headers: str | None
     topic: str | None
-    created_at: str  # RFC 3339 in UTC, formatted by PostgreSQL
+    # aware (UTC); None when outside the years 1-9999 that RFC 3339 can carry
+    created_at: datetime | None
     lane: int
     attempts: int
-    created_at_ms: int
     holds_key: bool = False
     """Fetched while waiting to be retried: the database held its key's later rows back."""
 
@@ -97,6 +98,29 @@ class RecordMapper:
         self._max_record_bytes = max_record_bytes
         self._topics: dict[str, str] = {}  # validated names
         self._routed: dict[str, str] = {}  # aggregatetype → validated templated name
+        # ce_time of the last second seen: its bounds and "YYYY-MM-DDTHH:MM:SS." (empty
+        # until the first row)
+        self._second_start = datetime.max.replace(tzinfo=UTC)
+        self._second_last = datetime.min.replace(tzinfo=UTC)
+        self._second_prefix = b""
+
+    def _time_header(self, created_at: datetime | None) -> bytes:
+        """``ce_time``: RFC 3339 in UTC with microseconds, as ``to_char`` printed it before.
+
+        Consecutive rows fall in the same second nearly always, so the date and time of
+        day are formatted once per second and only the microseconds per row
+        (docs/benchmarks.md, "created_at in binary").
+        """
+        if created_at is None:
+            raise RecordRejected(
+                "invalid_created_at", "created_at is outside the years 1-9999 of RFC 3339"
+            )
+        if not self._second_start <= created_at <= self._second_last:
+            start = created_at.replace(microsecond=0)
+            self._second_start, self._second_last = start, created_at.replace(microsecond=999_999)
+            # isoformat, not strftime: it pads years below 1000 to four digits
+            self._second_prefix = start.isoformat(timespec="seconds")[:19].encode() + b"."
+        return self._second_prefix + b"%06dZ" % created_at.microsecond
 
     def _validated(self, wanted: str) -> str:
         topic = self._topics.get(wanted)
@@ -137,7 +161,7 @@ class RecordMapper:
             ("ce_id", event_id),
             self._source_header,
             ("ce_type", event_type.encode()),
-            ("ce_time", created_at.encode()),
+            ("ce_time", self._time_header(created_at)),
         ]
         value: bytes | None = None
         if payload is not None:

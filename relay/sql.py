@@ -17,9 +17,11 @@ FETCH_READY = """
 SELECT o.seq, o.id::text, o.aggregatetype, o.aggregateid, o.type, o.payload::text, o.tenant_ref,
        o.schema_version, o.correlation_ref, o.causation_ref, o.traceparent, o.headers::text,
        o.topic,
-       to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+       -- in binary, formatted by the relay (relay/records.py, "ce_time"); NULL outside
+       -- the years RFC 3339 (and Python) can carry, which the relay rejects
+       CASE WHEN o.created_at >= '0001-01-01 00:00:00+00'
+             AND o.created_at < '10000-01-01 00:00:00+00' THEN o.created_at END,
        o.lane, o.attempts,
-       (extract(epoch FROM o.created_at) * 1000)::bigint,
        -- a row waiting to be (re)tried holds its key's later rows back (the NOT EXISTS
        -- below); when it is published that hold lifts in the middle of a pass
        o.next_attempt_at IS NOT NULL

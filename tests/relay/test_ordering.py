@@ -133,3 +133,36 @@ async def test_poison_event_is_quarantined_holds_only_its_key_and_redrives(
         if r.key == b"poisoned"
     ]
     assert poisoned == [1, 2]
+
+
+async def test_a_created_at_no_record_can_carry_is_quarantined_not_a_stalled_relay(
+    db: asyncpg.Connection, database_url: str, kafka_bootstrap: str, topic_namespace: str
+) -> None:
+    # The column takes any timestamptz a writer sets; ce_time is RFC 3339 (years 1-9999).
+    # Each such row must cost only its own key, never every fetch of its lane.
+    odd_ids = [
+        await db.fetchval(
+            "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, created_at) "
+            "VALUES ('agg', $1, 't', '{\"n\": 1}', $2::text::timestamptz) RETURNING id",
+            f"odd-{i}",
+            when,
+        )
+        for i, when in enumerate(["infinity", "-infinity", "10000-01-01 00:00:00+00"])
+    ]
+    for i in range(10):
+        await db.execute(INSERT, "agg", f"healthy-{i}", "t", '{"n": 1}')
+    config = fast_config(database_url, kafka_bootstrap, topic_namespace, max_attempts=1)
+    async with running_relay(config):
+        healthy = await consume(kafka_bootstrap, [f"{topic_namespace}.agg"], count=10)
+        assert sorted(r.key for r in healthy) == sorted(f"healthy-{i}".encode() for i in range(10))
+        assert all(dict(r.headers)["ce_time"].endswith(b"Z") for r in healthy)
+        await wait_until(
+            lambda: db.fetchval(
+                "SELECT count(*) = 3 FROM outbox WHERE id = ANY($1) AND quarantined_at IS NOT NULL",
+                odd_ids,
+            )
+        )
+    causes = await db.fetch(
+        "SELECT DISTINCT last_error_class FROM outbox WHERE id = ANY($1)", odd_ids
+    )
+    assert [c["last_error_class"] for c in causes] == ["invalid_created_at"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from relay.records import (
 )
 
 EVENT_ID = "6f1c2a9e-5d0b-4c7e-9a51-1b2c3d4e5f60"
-CREATED_AT = "2026-01-02T03:04:05.678901Z"
+CREATED_AT = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
@@ -40,7 +41,6 @@ def make_row(**overrides: Any) -> OutboxRow:
         "created_at": CREATED_AT,
         "lane": 5,
         "attempts": 0,
-        "created_at_ms": 1_767_323_045_678,
     }
     values.update(overrides)
     return OutboxRow(**values)
@@ -165,7 +165,7 @@ def test_standard_headers() -> None:
         "ce_id": EVENT_ID.encode(),
         "ce_source": b"urn:scoring",
         "ce_type": b"scoring.result.completed",
-        "ce_time": CREATED_AT.encode(),
+        "ce_time": b"2026-01-02T03:04:05.678901Z",
         "content-type": b"application/json",
     }
 
@@ -269,3 +269,37 @@ def test_from_record_builds_a_row_in_field_order() -> None:
     values = tuple(getattr(row, name) for name in OutboxRow._fields)
     assert OutboxRow.from_record(values) == row
     assert OutboxRow.from_record(values).aggregateid == row.aggregateid
+
+
+# -- ce_time ----------------------------------------------------------------------------------
+def _ce_time(m: RecordMapper, created_at: datetime) -> bytes:
+    return headers_of(m.to_record(make_row(created_at=created_at)))["ce_time"]
+
+
+def test_ce_time_is_rfc_3339_in_utc_with_microseconds_in_every_year() -> None:
+    m = mapper()
+    for when, printed in [
+        (datetime(2026, 1, 2, 3, 4, 5, 0, tzinfo=UTC), b"2026-01-02T03:04:05.000000Z"),
+        (datetime(1, 1, 1, tzinfo=UTC), b"0001-01-01T00:00:00.000000Z"),
+        (datetime(999, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC), b"0999-12-31T23:59:59.999999Z"),
+        (datetime.max.replace(tzinfo=UTC), b"9999-12-31T23:59:59.999999Z"),
+    ]:
+        assert _ce_time(m, when) == printed
+        assert _ce_time(mapper(), when) == printed  # the same on a first row
+
+
+def test_ce_time_follows_rows_across_seconds_in_any_order() -> None:
+    m = mapper()
+    base = datetime(2026, 6, 30, 23, 59, 59, 999_998, tzinfo=UTC)
+    steps = [0, 1, 2, 3, -1, 1_000_000, -2, 86_400_000_000, 2]
+    for step in steps:
+        when = base + timedelta(microseconds=step)
+        expected = when.strftime("%Y-%m-%dT%H:%M:%S.%fZ").encode()
+        assert _ce_time(m, when) == expected, when
+
+
+def test_a_created_at_outside_rfc_3339_years_is_rejected() -> None:
+    # FETCH_READY returns NULL for a time outside the years 1-9999 (infinity too).
+    with pytest.raises(RecordRejected) as rejected:
+        mapper().to_record(make_row(created_at=None))
+    assert rejected.value.cause == "invalid_created_at"
