@@ -15,9 +15,22 @@ from health.errors import ProbeFailure
 from pgconnect import DB_ERRORS, unavailable_cause
 
 
+# The largest magnitude of a unix-milliseconds value in evidence: JSON readers that parse
+# numbers as doubles (the status page) keep every integer up to it exact.
+_MS_LIMIT = 2**53 - 1
+
+
 def unix_ms(timestamp: str) -> str:
-    """SQL: a ``timestamptz`` expression as unix milliseconds, rounded to the nearest one."""
-    return f"round(extract(epoch FROM {timestamp}) * 1000)::bigint"
+    """SQL: a ``timestamptz`` expression as unix milliseconds, rounded to the nearest one.
+
+    ``-infinity`` and ``infinity`` (which a writer may store) become -/+ 2**53 - 1: older
+    or later than any bound, so they are classified, where casting them fails the probe.
+    """
+    # greatest and least ignore NULL, so NULL (no such time) is kept by the CASE
+    return (
+        f"CASE WHEN {timestamp} IS NOT NULL THEN round(greatest(-{_MS_LIMIT},"
+        f" least({_MS_LIMIT}, extract(epoch FROM {timestamp}) * 1000)))::bigint END"
+    )
 
 
 def unix_us(timestamp: str) -> str:

@@ -151,6 +151,44 @@ async def test_a_future_terminal_updated_at_is_unknown_for_completion(
     assert "newest_terminal_updated_at_unix_ms is" in result.reasons[0]
 
 
+# --- timestamps no clock reading can be compared with ---------------------------------
+
+
+async def set_created_at(db: asyncpg.Connection, table: str, when: str) -> None:
+    await db.execute(f"UPDATE {table} SET created_at = $1::text::timestamptz", when)
+
+
+# The reason each gets: the same as for any time before 1970 or after the observation.
+REASON_OF = {"-infinity": "not a positive time", "infinity": "later than the observation time"}
+
+
+@pytest.mark.parametrize("when", ["-infinity", "infinity"])
+async def test_an_infinite_pending_created_at_is_classified_not_a_refused_probe(
+    db: asyncpg.Connection, when: str
+) -> None:
+    # timestamptz takes +-infinity and a writer may set created_at; 'infinity' has no unix
+    # milliseconds, and casting it failed every probe that reads the column as
+    # "database refused the probe (0A000)", which blames the database for the data.
+    await live_relay_that_last_published(db, 0)
+    await insert_event(db)
+    await set_created_at(db, "outbox", when)
+    by_family = await results(db, relay=relay_policy())
+    for result in (by_family[Family.OUTBOX], by_family[Family.RELAY]):
+        assert result.classification is U, result.reasons
+        assert REASON_OF[when] in result.reasons[0], result.reasons
+
+
+@pytest.mark.parametrize("when", ["-infinity", "infinity"])
+async def test_an_infinite_active_job_created_at_is_classified_not_a_refused_probe(
+    db: asyncpg.Connection, when: str
+) -> None:
+    await insert_job(db, "queued")
+    await set_created_at(db, "scoring_job_state", when)
+    result = (await results(db))[Family.SCORING_JOBS]
+    assert result.classification is U, result.reasons
+    assert REASON_OF[when] in result.reasons[0], result.reasons
+
+
 # --- an unmigrated database -------------------------------------------------------------
 
 
