@@ -208,7 +208,10 @@ LEAVE = "DELETE FROM relay_instance WHERE instance_id = $1"
 PENDING_SUMMARY = """
 SELECT count(*) FILTER (WHERE quarantined_at IS NULL),
        count(*) FILTER (WHERE quarantined_at IS NOT NULL),
-       extract(epoch FROM clock_timestamp() - min(created_at) FILTER (WHERE quarantined_at IS NULL))
+       -- two epochs, not one interval: a row created at -infinity is infinitely old,
+       -- where subtracting infinite timestamps fails
+       extract(epoch FROM clock_timestamp())
+           - extract(epoch FROM min(created_at) FILTER (WHERE quarantined_at IS NULL))
 FROM outbox
 """
 

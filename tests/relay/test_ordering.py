@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 from collections import defaultdict
 
 import asyncpg
 
 from relay.redrive import RedriveFilter, redrive
+from relay.store import pending_summary
 from tests.relay.harness import INSERT, consume, fast_config, running_relay, wait_until
 
 
@@ -166,3 +168,17 @@ async def test_a_created_at_no_record_can_carry_is_quarantined_not_a_stalled_rel
         "SELECT DISTINCT last_error_class FROM outbox WHERE id = ANY($1)", odd_ids
     )
     assert [c["last_error_class"] for c in causes] == ["invalid_created_at"]
+
+
+async def test_the_backlog_gauges_read_a_pending_row_created_at_minus_infinity(
+    db: asyncpg.Connection,
+) -> None:
+    # Until it is quarantined the row is pending, and older than any other: the summary
+    # the backlog gauges come from failed ("cannot subtract infinite timestamps").
+    await db.execute(INSERT, "agg", "healthy", "t", '{"n": 1}')
+    await db.execute(
+        "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, created_at) "
+        "VALUES ('agg', 'odd', 't', '{}', '-infinity')"
+    )
+    summary = await pending_summary(db)
+    assert (summary.pending, summary.quarantined, summary.oldest_age_s) == (2, 0, math.inf)
