@@ -14,7 +14,6 @@ import asyncpg
 from health.errors import ProbeFailure
 from pgconnect import DB_ERRORS, unavailable_cause
 
-
 # The largest magnitude of a unix-milliseconds value in evidence: JSON readers that parse
 # numbers as doubles (the status page) keep every integer up to it exact.
 _MS_LIMIT = 2**53 - 1
