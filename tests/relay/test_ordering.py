@@ -137,18 +137,21 @@ async def test_poison_event_is_quarantined_holds_only_its_key_and_redrives(
     assert poisoned == [1, 2]
 
 
+# A row of key $1 written at $2, any text timestamptz takes ('infinity' too); returns its id.
+INSERT_CREATED_AT = """
+INSERT INTO outbox (aggregatetype, aggregateid, type, payload, created_at)
+VALUES ('agg', $1, 't', '{"n": 1}', $2::text::timestamptz)
+RETURNING id
+"""
+
+
 async def test_a_created_at_no_record_can_carry_is_quarantined_not_a_stalled_relay(
     db: asyncpg.Connection, database_url: str, kafka_bootstrap: str, topic_namespace: str
 ) -> None:
     # The column takes any timestamptz a writer sets; ce_time is RFC 3339 (years 1-9999).
     # Each such row must cost only its own key, never every fetch of its lane.
     odd_ids = [
-        await db.fetchval(
-            "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, created_at) "
-            "VALUES ('agg', $1, 't', '{\"n\": 1}', $2::text::timestamptz) RETURNING id",
-            f"odd-{i}",
-            when,
-        )
+        await db.fetchval(INSERT_CREATED_AT, f"odd-{i}", when)
         for i, when in enumerate(["infinity", "-infinity", "10000-01-01 00:00:00+00"])
     ]
     for i in range(10):
@@ -176,9 +179,6 @@ async def test_the_backlog_gauges_read_a_pending_row_created_at_minus_infinity(
     # Until it is quarantined the row is pending, and older than any other: the summary
     # the backlog gauges come from failed ("cannot subtract infinite timestamps").
     await db.execute(INSERT, "agg", "healthy", "t", '{"n": 1}')
-    await db.execute(
-        "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, created_at) "
-        "VALUES ('agg', 'odd', 't', '{}', '-infinity')"
-    )
+    await db.execute(INSERT_CREATED_AT, "odd", "-infinity")
     summary = await pending_summary(db)
     assert (summary.pending, summary.quarantined, summary.oldest_age_s) == (2, 0, math.inf)
