@@ -241,6 +241,40 @@ def cpu_lines(rows: Rows) -> list[str]:
         lines.append(
             f"{system:18} " + " ".join(f"{v:>10.1f}" for v in cells) + f" {sum(cells):>10.1f}"
         )
+    return lines + postgres_cpu_lines(rows)
+
+
+def postgres_cpu_lines(rows: Rows) -> list[str]:
+    """PostgreSQL's part of the catch-up's CPU per event by process kind (medians), for the
+    systems that read the database: which of its processes each event keeps busy."""
+    systems = [
+        s
+        for s in (RELAY, *DEBEZIUMS)
+        if median_figure(rows, s, "drain", "pg_backends_cpu_us_per_event") is not None
+    ]
+    # the kinds as bench/peers/measure.py named them, in its order
+    suffix = "_cpu_us_per_event"
+    kinds = list(
+        dict.fromkeys(
+            key.removeprefix("pg_").removesuffix(suffix)
+            for row in rows
+            for key in row
+            if key.startswith("pg_") and key.endswith(suffix)
+        )
+    )
+    if not systems:
+        return []
+    lines = [
+        "",
+        "PostgreSQL's catch-up CPU per event by process kind, us (medians; ended: processes "
+        "that ended inside the catch-up, mostly autovacuum workers)",
+        f"{'':18} " + " ".join(f"{kind:>10}" for kind in kinds),
+    ]
+    for system in systems:
+        cells = [
+            median_figure(rows, system, "drain", f"pg_{kind}{suffix}") or 0.0 for kind in kinds
+        ]
+        lines.append(f"{system:18} " + " ".join(f"{v:>10.1f}" for v in cells))
     return lines
 
 

@@ -168,19 +168,67 @@ def latencies_ms(sent_at: dict[str, float], appended_ms: dict[str, int]) -> list
 # process (user + system, from /proc) over the catch-up tell what each event costs each of
 # them: the relay and Debezium pay PostgreSQL for reading and recording every row, the raw
 # producer does not.
+#
+# PostgreSQL's share is split by process kind, from each process's title: the backends
+# (the connections doing the statements), the WAL writer, the I/O workers (PostgreSQL 18's
+# io_method=worker), autovacuum, the checkpointer and background writer, a walsender
+# (Debezium's replication stream). A process that starts inside the window (an autovacuum
+# worker, a new connection) counts from its start; one that ends inside it counts through
+# its postmaster, which reaps it and gains its CPU as children's time ("ended").
+
+PG_KINDS = (
+    "backends",
+    "walwriter",
+    "io_workers",
+    "autovacuum",
+    "writers",
+    "walsender",
+    "ended",
+    "other",
+)
+_PG_AUXILIARY = (
+    ("walwriter", "walwriter"),
+    ("io worker", "io_workers"),
+    ("autovacuum", "autovacuum"),
+    ("checkpointer", "writers"),
+    ("background writer", "writers"),
+    ("walsender", "walsender"),
+    ("logical replication", "other"),
+    ("archiver", "other"),
+    ("startup", "other"),
+    ("walreceiver", "other"),
+    ("walsummarizer", "other"),
+    ("slotsync", "other"),
+)
+
+
+@dataclass(frozen=True)
+class ProcessCpu:
+    """One process's CPU so far, its own and that of the children it has reaped."""
+
+    parent: int
+    own: float
+    reaped: float
+
+
+def process_cpu(pid: int) -> ProcessCpu | None:
+    """A process's CPU seconds so far from /proc (None once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    return ProcessCpu(
+        parent=int(fields[1]),
+        own=(int(fields[11]) + int(fields[12])) / tick,
+        reaped=(int(fields[13]) + int(fields[14])) / tick,
+    )
 
 
 def cpu_seconds(pids: Iterable[int]) -> float:
     """User plus system CPU the processes have used so far; a gone process counts 0."""
-    ticks = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
+    return sum(cpu.own for pid in pids if (cpu := process_cpu(pid)) is not None)
 
 
 def _processes() -> Iterable[tuple[int, str, str]]:
@@ -197,17 +245,74 @@ def _processes() -> Iterable[tuple[int, str, str]]:
         yield int(entry), name, args
 
 
-def service_pids() -> dict[str, list[int]]:
-    """The PostgreSQL server processes (every backend, by process name) and the broker's JVM
-    (the java process running ``kafka.Kafka``; a Connect worker runs another class)."""
-    postgres: list[int] = []
-    broker: list[int] = []
+def postgres_kind(title: str) -> str:
+    """The kind of a PostgreSQL process from its title ("postgres: 15/main: walwriter",
+    "postgres: io worker 1", "postgres: outbox outbox 127.0.0.1(5432) idle"); the postmaster
+    (its command line, not a title) is "other"."""
+    if not title.startswith("postgres: "):
+        return "other"
+    rest = title.removeprefix("postgres: ")
+    head, _, tail = rest.partition(": ")
+    if tail and "/" in head and " " not in head:  # Debian's "15/main: " cluster prefix
+        rest = tail
+    for prefix, kind in _PG_AUXILIARY:
+        if rest.startswith(prefix):
+            return kind
+    return "backends"
+
+
+def _broker_pids() -> list[int]:
+    return [
+        pid for pid, name, args in _processes() if name == "java" and " kafka.Kafka " in f" {args} "
+    ]
+
+
+def _postgres_processes() -> tuple[dict[int, str], dict[int, ProcessCpu]]:
+    """Every PostgreSQL process with its kind, and the CPU of each one read now."""
+    kinds: dict[int, str] = {}
+    cpu: dict[int, ProcessCpu] = {}
     for pid, name, args in _processes():
-        if name == "postgres":
-            postgres.append(pid)
-        elif name == "java" and " kafka.Kafka " in f" {args} ":
-            broker.append(pid)
-    return {"postgres": postgres, "broker": broker}
+        if name == "postgres" and (now := process_cpu(pid)) is not None:
+            kinds[pid] = postgres_kind(args.strip())
+            cpu[pid] = now
+    return kinds, cpu
+
+
+@dataclass(frozen=True)
+class PostgresSnapshot:
+    """Every PostgreSQL process on the machine at one moment: its kind and its CPU."""
+
+    kinds: dict[int, str]
+    cpu: dict[int, ProcessCpu]
+
+    def postmasters(self) -> list[int]:
+        """The processes whose parent is not PostgreSQL's: they reap the others."""
+        return [pid for pid, cpu in self.cpu.items() if cpu.parent not in self.cpu]
+
+
+def postgres_cpu_split(before: PostgresSnapshot, after: PostgresSnapshot) -> dict[str, float]:
+    """PostgreSQL's CPU seconds between two snapshots, by process kind."""
+    split = dict.fromkeys(PG_KINDS, 0.0)
+    for pid, now in after.cpu.items():
+        was = before.cpu.get(pid)
+        # a pid first seen now started inside the window: all its CPU is the window's
+        split[after.kinds[pid]] += now.own - (was.own if was else 0.0)
+    ended = [pid for pid in before.cpu if pid not in after.cpu]
+    reaped = sum(
+        after.cpu[pid].reaped - before.cpu[pid].reaped
+        for pid in before.postmasters()
+        if pid in after.cpu
+    )
+    # a reaped child's whole life is in its postmaster's children's time; the part it had
+    # used before the window is not the window's
+    split["ended"] = max(reaped - sum(before.cpu[pid].own for pid in ended), 0.0)
+    return split
+
+
+def postgres_snapshot() -> PostgresSnapshot:
+    """PostgreSQL's processes (every cluster on the machine) and their CPU, read now."""
+    kinds, cpu = _postgres_processes()
+    return PostgresSnapshot(kinds, cpu)
 
 
 @dataclass
@@ -215,26 +320,36 @@ class CpuMeter:
     """CPU used by a client process, PostgreSQL and the broker from :meth:`start` on."""
 
     client_pid: int | None
-    _pids: dict[str, list[int]] | None = None
+    _broker: list[int] | None = None
     _before: dict[str, float] | None = None
+    _postgres: PostgresSnapshot | None = None
 
     def _now(self) -> dict[str, float]:
-        assert self._pids is not None
-        return {name: cpu_seconds(pids) for name, pids in self._pids.items()}
+        assert self._broker is not None
+        return {
+            "client": cpu_seconds([self.client_pid] if self.client_pid else []),
+            "broker": cpu_seconds(self._broker),
+        }
 
     def start(self) -> None:
-        """Take the processes running now (PostgreSQL's included) and their CPU so far."""
-        self._pids = {
-            "client": [self.client_pid] if self.client_pid else [],
-            **service_pids(),
-        }
+        """Take the broker's process and the CPU so far of it, the client and PostgreSQL's."""
+        self._broker = _broker_pids()
         self._before = self._now()
+        self._postgres = postgres_snapshot()
 
     def per_event_us(self, events: int) -> dict[str, float]:
-        """Microseconds of CPU per event since :meth:`start`, per process group."""
-        assert self._before is not None
+        """Microseconds of CPU per event since :meth:`start`, per process group, and
+        PostgreSQL's by process kind (``pg_<kind>``; they add up to ``postgres``)."""
+        assert self._before is not None and self._postgres is not None
         after = self._now()
+        split = postgres_cpu_split(self._postgres, postgres_snapshot())
+        seconds = {
+            "client": after["client"] - self._before["client"],
+            "postgres": sum(split.values()),
+            "broker": after["broker"] - self._before["broker"],
+            **{f"pg_{kind}": value for kind, value in split.items()},
+        }
         return {
-            f"{name}_cpu_us_per_event": (after[name] - self._before[name]) * 1e6 / max(events, 1)
-            for name in after
+            f"{name}_cpu_us_per_event": value * 1e6 / max(events, 1)
+            for name, value in seconds.items()
         }

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 from bench import report
@@ -201,6 +203,21 @@ def test_cpu_lines_show_each_process_group_per_system() -> None:
     assert report.cpu_lines([_row(1, "relay", "drain", rate=1.0)]) == []
 
 
+def test_postgres_cpu_is_shown_by_process_kind_for_the_systems_that_read_the_database() -> None:
+    split = {"pg_backends_cpu_us_per_event": 9.0, "pg_walwriter_cpu_us_per_event": 2.0}
+    rows = [
+        _row(1, "relay", "drain", client_cpu_us_per_event=30.0, **split),
+        _row(2, "relay", "drain", client_cpu_us_per_event=30.0, pg_backends_cpu_us_per_event=11.0),
+        _row(1, "raw-send", "drain", client_cpu_us_per_event=21.0),
+    ]
+    lines = report.postgres_cpu_lines(rows)
+    assert lines[2].split() == ["backends", "walwriter"]
+    relay = next(line for line in lines if line.startswith("relay"))
+    assert relay.split()[1:] == ["10.0", "2.0"]  # medians over the runs that have the figure
+    assert not any(line.startswith("raw-send") for line in lines)
+    assert report.postgres_cpu_lines(rows[2:]) == []
+
+
 def test_cpu_meter_counts_the_client_process_from_its_start() -> None:
     meter = measure.CpuMeter(os.getpid())
     meter.start()
@@ -213,7 +230,77 @@ def test_cpu_meter_counts_the_client_process_from_its_start() -> None:
         "client_cpu_us_per_event",
         "postgres_cpu_us_per_event",
         "broker_cpu_us_per_event",
+        *(f"pg_{kind}_cpu_us_per_event" for kind in measure.PG_KINDS),
     }
+
+
+@pytest.mark.parametrize(
+    ("title", "kind"),
+    [
+        ("postgres: walwriter ", "walwriter"),
+        ("postgres: 15/main: walwriter ", "walwriter"),
+        ("postgres: io worker 2", "io_workers"),
+        ("postgres: 15/main: autovacuum worker outbox", "autovacuum"),
+        ("postgres: autovacuum launcher ", "autovacuum"),
+        ("postgres: checkpointer ", "writers"),
+        ("postgres: 15/main: background writer ", "writers"),
+        ("postgres: walsender debezium 127.0.0.1(40312) START_REPLICATION", "walsender"),
+        ("postgres: logical replication launcher ", "other"),
+        ("postgres: outbox outbox 127.0.0.1(43846) idle", "backends"),
+        ("postgres: 15/main: outbox postgres 127.0.0.1(43846) SELECT", "backends"),
+        ("/usr/lib/postgresql/15/bin/postgres -D /var/lib/postgresql/15/main", "other"),
+    ],
+)
+def test_postgres_processes_are_told_apart_by_their_title(title: str, kind: str) -> None:
+    assert measure.postgres_kind(title.strip()) == kind
+
+
+def _server_process_here(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8") as comm:
+            return comm.read().strip() == "postgres"
+    except OSError:
+        return False
+
+
+async def _burn(conn: asyncpg.Connection, seconds: float) -> None:
+    """Keep the connection's backend busy until it has used ``seconds`` of CPU."""
+    pid = conn.get_server_pid()
+    while measure.cpu_seconds([pid]) < seconds:
+        await conn.fetchval("SELECT count(*) FROM generate_series(1, 500000)")
+
+
+async def test_cpu_meter_counts_postgres_processes_born_and_ended_inside_its_window(
+    database_url: str,
+) -> None:
+    """A catch-up's autovacuum workers (and any connection opened during it) start after the
+    meter does, and a worker may also end before the last record: their CPU is PostgreSQL's."""
+    meter = measure.CpuMeter(None)
+    meter.start()
+    ended = await asyncpg.connect(database_url)
+    kept = await asyncpg.connect(database_url)
+    try:
+        pids = [ended.get_server_pid(), kept.get_server_pid()]
+        if not all(_server_process_here(pid) for pid in pids):
+            pytest.skip("the server's processes are not on this machine")
+        for conn in (ended, kept):
+            await _burn(conn, 0.15)
+        burned_by_ended = measure.cpu_seconds(pids[:1])
+        burned = measure.cpu_seconds(pids)
+        await ended.close()
+        for _ in range(200):  # the backend exits, and the postmaster reaps it, just after
+            if not _server_process_here(pids[0]):
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        figures = meter.per_event_us(1_000_000)  # so each figure reads in seconds
+    finally:
+        await kept.close()
+    assert figures["postgres_cpu_us_per_event"] >= burned
+    assert figures["pg_backends_cpu_us_per_event"] >= burned - burned_by_ended
+    assert figures["pg_ended_cpu_us_per_event"] >= burned_by_ended
+    split = sum(v for k, v in figures.items() if k.startswith("pg_"))
+    assert split == pytest.approx(figures["postgres_cpu_us_per_event"])
 
 
 @pytest.mark.parametrize(
