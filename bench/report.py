@@ -5,7 +5,7 @@ ratio within one run (the same machine state for every system of that run), and 
 target on the median of those ratios over the runs. Absolute figures are printed too, as
 medians, but they are noise on a shared machine; the ratios are the result.
 
-    python -m bench.report [results.json] [--plot docs/bench/peers.png]
+    python -m bench.report [results.json] [--plot PNG]   (default: peers.png beside it)
 """
 
 from __future__ import annotations
@@ -348,8 +348,13 @@ def main(argv: list[str] | None = None) -> int:
     """Print the report and draw the plot."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="?", type=Path, default=RESULTS)
-    parser.add_argument("--plot", type=Path, default=PLOT)
+    parser.add_argument(
+        "--plot", type=Path, help="where to draw the plot (default: peers.png beside the figures)"
+    )
     args = parser.parse_args(argv)
+    # figures read from elsewhere (a trial with BENCH_RESULTS) never overwrite the plot of
+    # the last full run
+    args.plot = args.plot or args.results.with_name(PLOT.name)
     if not args.results.is_file():
         print(f"no peer-comparison figures at {args.results}: run `make bench` first")
         return 1

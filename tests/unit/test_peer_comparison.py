@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from pathlib import Path
@@ -319,3 +320,20 @@ def test_sidecar_target_is_judged_against_its_own_empty_history(
         f"{to_sidecar_empty:.2f}x" in text and "one-shot check on the empty history: 1.70x" in text
     )
     assert report.health_cost_line(tmp_path / "absent.json")[0] == "n/a"
+
+
+def test_a_report_of_other_figures_draws_its_plot_beside_them(tmp_path: Path) -> None:
+    """Reading a trial's figures must not overwrite the committed plot of the last run."""
+    results = tmp_path / "trial.json"
+    latency = {"p50": 1.0, "p90": 2.0, "p99": 3.0, "p999": 4.0}
+    rows = [
+        _row(1, "relay", "drain", rate=20_000.0),
+        _row(1, "raw-send", "drain", rate=22_000.0),
+        _row(1, "relay", "latency", **latency),
+        _row(1, "raw-send", "latency", **latency),
+    ]
+    results.write_text(json.dumps({"runs": rows, "scale": {"events": 200_000}}))
+    committed = report.PLOT.read_bytes() if report.PLOT.exists() else None
+    assert report.main([str(results)]) == 0
+    assert (tmp_path / "peers.png").stat().st_size > 0
+    assert (report.PLOT.read_bytes() if report.PLOT.exists() else None) == committed
