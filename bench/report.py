@@ -241,7 +241,7 @@ def cpu_lines(rows: Rows) -> list[str]:
         lines.append(
             f"{system:18} " + " ".join(f"{v:>10.1f}" for v in cells) + f" {sum(cells):>10.1f}"
         )
-    return lines + postgres_cpu_lines(rows)
+    return lines + postgres_cpu_lines(rows) + produce_lines(rows)
 
 
 def postgres_cpu_lines(rows: Rows) -> list[str]:
@@ -275,6 +275,48 @@ def postgres_cpu_lines(rows: Rows) -> list[str]:
             median_figure(rows, system, "drain", f"pg_{kind}{suffix}") or 0.0 for kind in kinds
         ]
         lines.append(f"{system:18} " + " ".join(f"{v:>10.1f}" for v in cells))
+    return lines
+
+
+PRODUCE_STAGES = (
+    ("request_queue_ms", "queue"),
+    ("local_ms", "append"),
+    ("response_queue_ms", "resp queue"),
+    ("response_send_ms", "resp send"),
+    ("total_ms", "total"),
+)
+
+
+def produce_lines(rows: Rows) -> list[str]:
+    """The broker's own timing of each system's Produce requests (medians over the runs):
+    how many events one request carried, its size, and its mean time in each stage."""
+    lines: list[str] = []
+    for phase, events_key in (("latency", "count"), ("drain", "events")):
+        systems = [
+            s
+            for s in (RELAY, *DEBEZIUMS, RAW_SEND, RAW_BATCH)
+            if median_figure(rows, s, phase, "produce_requests") is not None
+        ]
+        if not systems:
+            continue
+        lines += [
+            "",
+            f"broker's Produce requests in the {phase} phase (means, ms; medians over the runs)",
+            f"{'':18} {'ev/request':>10} {'KiB':>7} "
+            + " ".join(f"{label:>10}" for _, label in PRODUCE_STAGES),
+        ]
+        for system in systems:
+            requests = median_figure(rows, system, phase, "produce_requests") or 1.0
+            events = median_figure(rows, system, phase, events_key) or 0.0
+            size = (median_figure(rows, system, phase, "produce_request_bytes") or 0.0) / 1024
+            stages = [
+                median_figure(rows, system, phase, f"produce_{key}") or 0.0
+                for key, _ in PRODUCE_STAGES
+            ]
+            lines.append(
+                f"{system:18} {events / requests:>10.1f} {size:>7.1f} "
+                + " ".join(f"{v:>10.2f}" for v in stages)
+            )
     return lines
 
 

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -158,6 +159,9 @@ async def drain(subject: Subject, bootstrap: str, scale: Scale) -> dict[str, Any
         await subject.prepare()
         await measure.create_topic(bootstrap, topic)
         await subject.load_backlog(scale.events)
+        # the broker's Produce timings over the whole drain (read outside the CPU window: the
+        # reader is a JVM of its own)
+        produce_before = await asyncio.to_thread(measure.read_produce_metrics)
         started = time.monotonic()
         await subject.start()
         # CPU from the first record on: start-up (a JVM, imports, claiming lanes) is left
@@ -172,6 +176,9 @@ async def drain(subject: Subject, bootstrap: str, scale: Scale) -> dict[str, Any
         )
         cpu_per_event = cpu.per_event_us(scale.events)
         rss = subject.peak_rss_mb()
+        produce = measure.produce_window(
+            produce_before, await asyncio.to_thread(measure.read_produce_metrics)
+        )
         await subject.stop()
         first_ms, last_ms = await measure.append_span_ms(bootstrap, topic)
     finally:
@@ -187,6 +194,7 @@ async def drain(subject: Subject, bootstrap: str, scale: Scale) -> dict[str, Any
         "wall_rate": scale.events / wall_s,
         "peak_rss_mb": rss,
         **cpu_per_event,
+        **produce,
     }
 
 
@@ -207,6 +215,7 @@ async def latency(subject: Subject, bootstrap: str, scale: Scale) -> dict[str, A
         warmup = await paced(
             subject.emit, rate=scale.rate, seconds=scale.warmup_seconds, lanes=WRITER_LANES
         )
+        produce_before = await asyncio.to_thread(measure.read_produce_metrics)
         sent = await paced(subject.emit, rate=scale.rate, seconds=scale.seconds, lanes=WRITER_LANES)
         await measure.wait_for_count(
             bootstrap,
@@ -214,6 +223,9 @@ async def latency(subject: Subject, bootstrap: str, scale: Scale) -> dict[str, A
             WARMUP_EVENTS + len(warmup) + len(sent),
             timeout=180,
             alive=subject.alive,
+        )
+        produce = measure.produce_window(
+            produce_before, await asyncio.to_thread(measure.read_produce_metrics)
         )
         rss = subject.peak_rss_mb()
         appended = await measure.append_times_by_id(bootstrap, topic, timeout=120)
@@ -229,4 +241,5 @@ async def latency(subject: Subject, bootstrap: str, scale: Scale) -> dict[str, A
         **asdict(summary),
         "achieved_rate": len(sent) / scale.seconds,
         "peak_rss_mb": rss,
+        **produce,
     }

@@ -11,12 +11,17 @@ COMMIT returned (or, for the raw producer, the moment ``send()`` was called), ma
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import math
 import os
 import statistics
+import subprocess
+import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -353,3 +358,114 @@ class CpuMeter:
             f"{name}_cpu_us_per_event": value * 1e6 / max(events, 1)
             for name, value in seconds.items()
         }
+
+
+# -- the broker's own timing of Produce requests ---------------------------------------------
+# The broker times every request by stage (kafka.network:type=RequestMetrics): waiting in
+# its request queue, the local append, waiting for other replicas (none here), waiting in
+# the response queue, sending the response. bench/peers/jmx/RequestMetrics.java reads them
+# over the broker JVM's local management agent (loopback only, started with jcmd). The
+# histograms are cumulative, so a window's mean is taken from two readings' counts and
+# means; their percentiles (whole milliseconds, biased to the last minutes) are not used.
+
+PRODUCE_STAGES = (
+    ("RequestQueueTimeMs", "request_queue_ms"),
+    ("LocalTimeMs", "local_ms"),
+    ("RemoteTimeMs", "remote_ms"),
+    ("ResponseQueueTimeMs", "response_queue_ms"),
+    ("ResponseSendTimeMs", "response_send_ms"),
+    ("TotalTimeMs", "total_ms"),
+    ("RequestBytes", "request_bytes"),
+)
+_JMX_SOURCE = Path(__file__).with_name("jmx") / "RequestMetrics.java"
+
+# one reading: metric name -> (count, mean)
+ProduceReading = dict[str, tuple[int, float]]
+
+
+def produce_window(before: ProduceReading, after: ProduceReading) -> dict[str, float]:
+    """The Produce requests between two readings: how many, and each stage's mean over them
+    (``produce_<stage>``); empty when either reading is missing or no request came."""
+    if not before or not after or "TotalTimeMs" not in after:
+        return {}
+    requests = after["TotalTimeMs"][0] - before.get("TotalTimeMs", (0, 0.0))[0]
+    if requests <= 0:
+        return {}
+    window = {"produce_requests": float(requests)}
+    for metric, key in PRODUCE_STAGES:
+        if metric not in after:
+            continue
+        count_after, mean_after = after[metric]
+        count_before, mean_before = before.get(metric, (0, 0.0))
+        total = mean_after * count_after - mean_before * count_before
+        window[f"produce_{key}"] = total / max(count_after - count_before, 1)
+    return window
+
+
+def _jmx_reader() -> Path | None:
+    """The reader, compiled once per version of its source (None without a JDK)."""
+    source = _JMX_SOURCE.read_bytes()
+    classes = (
+        Path(tempfile.gettempdir()) / f"outbox-relay-jmx-{hashlib.sha256(source).hexdigest()[:12]}"
+    )
+    if (classes / "RequestMetrics.class").is_file():
+        return classes
+    try:
+        subprocess.run(
+            ["javac", "-d", str(classes), str(_JMX_SOURCE)],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return classes
+
+
+def _broker_jmx_url(pid: int) -> str | None:
+    """The broker JVM's local JMX address, starting its local agent if need be."""
+    try:
+        subprocess.run(
+            ["jcmd", str(pid), "ManagementAgent.start_local"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        counters = subprocess.run(
+            ["jcmd", str(pid), "PerfCounter.print"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in counters.splitlines():
+        if line.startswith("sun.management.JMXConnectorServer.address="):
+            return line.split("=", 1)[1].strip().strip('"')
+    return None
+
+
+def read_produce_metrics() -> ProduceReading:
+    """The broker's Produce request metrics now; empty when the broker is not a process on
+    this machine (a container elsewhere) or there is no JDK to read them with."""
+    pids = _broker_pids()
+    classes = _jmx_reader()
+    url = _broker_jmx_url(pids[0]) if len(pids) == 1 and classes else None
+    if url is None or classes is None:
+        return {}
+    try:
+        out = subprocess.run(
+            ["java", "-cp", str(classes), "RequestMetrics", url],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    reading: ProduceReading = {}
+    for line in out.splitlines():
+        metric = json.loads(line)
+        reading[metric["name"]] = (int(metric["count"]), float(metric["mean"]))
+    return reading

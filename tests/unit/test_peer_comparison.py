@@ -6,10 +6,12 @@ import asyncio
 import json
 import os
 import time
+import uuid
 from pathlib import Path
 
 import asyncpg
 import pytest
+from aiokafka import AIOKafkaProducer
 
 from bench import report
 from bench.peers import debezium, measure
@@ -23,6 +25,7 @@ from bench.peers.comparison import (
 )
 from bench.peers.measure import latencies_ms, percentile
 from bench.report import median_or_none, per_run_ratios, rss_line, verdict
+from tests.services import REQUIRED
 
 
 @pytest.mark.parametrize(
@@ -287,7 +290,7 @@ async def test_cpu_meter_counts_postgres_processes_born_and_ended_inside_its_win
         for conn in (ended, kept):
             await _burn(conn, 0.15)
         burned_by_ended = measure.cpu_seconds(pids[:1])
-        burned = measure.cpu_seconds(pids)
+        burned_by_kept = measure.cpu_seconds(pids[1:])
         await ended.close()
         for _ in range(200):  # the backend exits, and the postmaster reaps it, just after
             if not _server_process_here(pids[0]):
@@ -297,9 +300,10 @@ async def test_cpu_meter_counts_postgres_processes_born_and_ended_inside_its_win
         figures = meter.per_event_us(1_000_000)  # so each figure reads in seconds
     finally:
         await kept.close()
-    assert figures["postgres_cpu_us_per_event"] >= burned
-    assert figures["pg_backends_cpu_us_per_event"] >= burned - burned_by_ended
-    assert figures["pg_ended_cpu_us_per_event"] >= burned_by_ended
+    tick = 1e-9  # the sums of clock ticks are floats
+    assert figures["postgres_cpu_us_per_event"] >= burned_by_ended + burned_by_kept - tick
+    assert figures["pg_backends_cpu_us_per_event"] >= burned_by_kept - tick
+    assert figures["pg_ended_cpu_us_per_event"] >= burned_by_ended - tick
     split = sum(v for k, v in figures.items() if k.startswith("pg_"))
     assert split == pytest.approx(figures["postgres_cpu_us_per_event"])
 
@@ -337,3 +341,65 @@ def test_a_report_of_other_figures_draws_its_plot_beside_them(tmp_path: Path) ->
     assert report.main([str(results)]) == 0
     assert (tmp_path / "peers.png").stat().st_size > 0
     assert (report.PLOT.read_bytes() if report.PLOT.exists() else None) == committed
+
+
+def test_a_window_of_produce_requests_is_the_difference_of_two_readings() -> None:
+    before = {"TotalTimeMs": (100, 2.0), "LocalTimeMs": (100, 1.0), "RequestBytes": (100, 500.0)}
+    after = {"TotalTimeMs": (150, 1.5), "LocalTimeMs": (150, 1.0), "RequestBytes": (150, 700.0)}
+    window = measure.produce_window(before, after)
+    assert window["produce_requests"] == 50
+    assert window["produce_total_ms"] == pytest.approx((225 - 200) / 50)  # 0.5 ms each
+    assert window["produce_local_ms"] == pytest.approx(1.0)
+    assert window["produce_request_bytes"] == pytest.approx((105_000 - 50_000) / 50)
+    assert measure.produce_window(before, before) == {}
+    assert measure.produce_window({}, after) == {}
+
+
+async def test_the_brokers_own_produce_timings_count_each_request(kafka_bootstrap: str) -> None:
+    """Read against the real broker: every acknowledged send is one Produce request."""
+    before = await asyncio.to_thread(measure.read_produce_metrics)
+    if not before:
+        if REQUIRED:
+            pytest.fail("the broker runs here but its request metrics could not be read")
+        pytest.skip("the broker is not a process on this machine")
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=0)
+    await producer.start()
+    try:
+        for n in range(20):
+            await producer.send_and_wait(f"t{uuid.uuid4().hex[:10]}-jmx", b"x" * 100, key=b"%d" % n)
+    finally:
+        await producer.stop()
+    window = measure.produce_window(before, await asyncio.to_thread(measure.read_produce_metrics))
+    assert window["produce_requests"] >= 20
+    assert window["produce_total_ms"] >= window["produce_local_ms"] >= 0
+    assert window["produce_request_bytes"] > 100
+
+
+def test_the_brokers_produce_timings_are_shown_per_phase_and_system() -> None:
+    produce = {
+        "produce_requests": 100.0,
+        "produce_request_bytes": 2048.0,
+        "produce_local_ms": 0.3,
+        "produce_total_ms": 0.8,
+    }
+    rows = [
+        _row(1, "relay", "latency", count=1000.0, **produce),
+        _row(1, "relay", "drain", events=200_000.0, **{**produce, "produce_requests": 1000.0}),
+        _row(1, "raw-send", "drain", events=200_000.0),  # read nothing: not shown
+    ]
+    lines = report.produce_lines(rows)
+    latency = lines.index(next(line for line in lines if "latency phase" in line))
+    drain = lines.index(next(line for line in lines if "drain phase" in line))
+    assert lines[latency + 2].split() == [
+        "relay",
+        "10.0",
+        "2.0",
+        "0.00",
+        "0.30",
+        "0.00",
+        "0.00",
+        "0.80",
+    ]
+    assert lines[drain + 2].split()[:2] == ["relay", "200.0"]
+    assert not any(line.startswith("raw-send") for line in lines)
+    assert report.produce_lines(rows[2:]) == []
