@@ -366,7 +366,10 @@ class CpuMeter:
 # the response queue, sending the response. bench/peers/jmx/RequestMetrics.java reads them
 # over the broker JVM's local management agent (loopback only, started with jcmd). The
 # histograms are cumulative, so a window's mean is taken from two readings' counts and
-# means; their percentiles (whole milliseconds, biased to the last minutes) are not used.
+# means; their percentiles (biased to the last minutes) are not used. The broker rounds
+# each value to whole milliseconds before it records it (Math.round, Yammer histograms
+# take longs): a mean below a millisecond is the share of requests that took half of one
+# or more, not a typical request's time.
 
 PRODUCE_STAGES = (
     ("RequestQueueTimeMs", "request_queue_ms"),
