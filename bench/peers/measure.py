@@ -405,6 +405,14 @@ def produce_window(before: ProduceReading, after: ProduceReading) -> dict[str, f
     return window
 
 
+def _tool_output(*args: str) -> str | None:
+    """A JDK tool's standard output, or None when it is missing or fails."""
+    try:
+        return subprocess.run(args, check=True, capture_output=True, text=True, timeout=120).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def _jmx_reader() -> Path | None:
     """The reader, compiled once per version of its source (None without a JDK)."""
     source = _JMX_SOURCE.read_bytes()
@@ -413,37 +421,16 @@ def _jmx_reader() -> Path | None:
     )
     if (classes / "RequestMetrics.class").is_file():
         return classes
-    try:
-        subprocess.run(
-            ["javac", "-d", str(classes), str(_JMX_SOURCE)],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-    except (OSError, subprocess.SubprocessError):
+    if _tool_output("javac", "-d", str(classes), str(_JMX_SOURCE)) is None:
         return None
     return classes
 
 
 def _broker_jmx_url(pid: int) -> str | None:
     """The broker JVM's local JMX address, starting its local agent if need be."""
-    try:
-        subprocess.run(
-            ["jcmd", str(pid), "ManagementAgent.start_local"],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
-        counters = subprocess.run(
-            ["jcmd", str(pid), "PerfCounter.print"],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
+    if _tool_output("jcmd", str(pid), "ManagementAgent.start_local") is None:
         return None
-    for line in counters.splitlines():
+    for line in (_tool_output("jcmd", str(pid), "PerfCounter.print") or "").splitlines():
         if line.startswith("sun.management.JMXConnectorServer.address="):
             return line.split("=", 1)[1].strip().strip('"')
     return None
@@ -455,20 +442,9 @@ def read_produce_metrics() -> ProduceReading:
     pids = _broker_pids()
     classes = _jmx_reader()
     url = _broker_jmx_url(pids[0]) if len(pids) == 1 and classes else None
-    if url is None or classes is None:
-        return {}
-    try:
-        out = subprocess.run(
-            ["java", "-cp", str(classes), "RequestMetrics", url],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
+    out = _tool_output("java", "-cp", str(classes), "RequestMetrics", url) if url else None
     reading: ProduceReading = {}
-    for line in out.splitlines():
+    for line in (out or "").splitlines():
         metric = json.loads(line)
         reading[metric["name"]] = (int(metric["count"]), float(metric["mean"]))
     return reading
