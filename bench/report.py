@@ -210,7 +210,7 @@ def report_lines(document: dict[str, Any]) -> list[str]:
             for v, w, f in zip(cells, widths, formats, strict=True)
         )
         lines.append(f"{system:18} {text}")
-    lines += cpu_lines(rows)
+    lines += cpu_lines(rows) + postgres_cpu_lines(rows) + produce_lines(rows)
     return lines
 
 
@@ -241,7 +241,7 @@ def cpu_lines(rows: Rows) -> list[str]:
         lines.append(
             f"{system:18} " + " ".join(f"{v:>10.1f}" for v in cells) + f" {sum(cells):>10.1f}"
         )
-    return lines + postgres_cpu_lines(rows) + produce_lines(rows)
+    return lines
 
 
 def postgres_cpu_lines(rows: Rows) -> list[str]:
@@ -252,6 +252,8 @@ def postgres_cpu_lines(rows: Rows) -> list[str]:
         for s in (RELAY, *DEBEZIUMS)
         if median_figure(rows, s, "drain", "pg_backends_cpu_us_per_event") is not None
     ]
+    if not systems:
+        return []
     # the kinds as bench/peers/measure.py named them, in its order
     suffix = "_cpu_us_per_event"
     kinds = list(
@@ -262,8 +264,6 @@ def postgres_cpu_lines(rows: Rows) -> list[str]:
             if key.startswith("pg_") and key.endswith(suffix)
         )
     )
-    if not systems:
-        return []
     lines = [
         "",
         "PostgreSQL's catch-up CPU per event by process kind, us (medians; ended: processes "
@@ -278,7 +278,7 @@ def postgres_cpu_lines(rows: Rows) -> list[str]:
     return lines
 
 
-PRODUCE_STAGES = (
+PRODUCE_COLUMNS = (
     ("request_queue_ms", "queue"),
     ("local_ms", "append"),
     ("response_queue_ms", "resp queue"),
@@ -303,7 +303,7 @@ def produce_lines(rows: Rows) -> list[str]:
             "",
             f"broker's Produce requests in the {phase} phase (means, ms; medians over the runs)",
             f"{'':18} {'ev/request':>10} {'KiB':>7} "
-            + " ".join(f"{label:>10}" for _, label in PRODUCE_STAGES),
+            + " ".join(f"{label:>10}" for _, label in PRODUCE_COLUMNS),
         ]
         for system in systems:
             requests = median_figure(rows, system, phase, "produce_requests") or 1.0
@@ -311,7 +311,7 @@ def produce_lines(rows: Rows) -> list[str]:
             size = (median_figure(rows, system, phase, "produce_request_bytes") or 0.0) / 1024
             stages = [
                 median_figure(rows, system, phase, f"produce_{key}") or 0.0
-                for key, _ in PRODUCE_STAGES
+                for key, _ in PRODUCE_COLUMNS
             ]
             lines.append(
                 f"{system:18} {events / requests:>10.1f} {size:>7.1f} "

@@ -11,6 +11,7 @@ COMMIT returned (or, for the raw producer, the moment ``send()`` was called), ma
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import math
@@ -272,17 +273,6 @@ def _broker_pids() -> list[int]:
     ]
 
 
-def _postgres_processes() -> tuple[dict[int, str], dict[int, ProcessCpu]]:
-    """Every PostgreSQL process with its kind, and the CPU of each one read now."""
-    kinds: dict[int, str] = {}
-    cpu: dict[int, ProcessCpu] = {}
-    for pid, name, args in _processes():
-        if name == "postgres" and (now := process_cpu(pid)) is not None:
-            kinds[pid] = postgres_kind(args.strip())
-            cpu[pid] = now
-    return kinds, cpu
-
-
 @dataclass(frozen=True)
 class PostgresSnapshot:
     """Every PostgreSQL process on the machine at one moment: its kind and its CPU."""
@@ -316,7 +306,12 @@ def postgres_cpu_split(before: PostgresSnapshot, after: PostgresSnapshot) -> dic
 
 def postgres_snapshot() -> PostgresSnapshot:
     """PostgreSQL's processes (every cluster on the machine) and their CPU, read now."""
-    kinds, cpu = _postgres_processes()
+    kinds: dict[int, str] = {}
+    cpu: dict[int, ProcessCpu] = {}
+    for pid, name, args in _processes():
+        if name == "postgres" and (now := process_cpu(pid)) is not None:
+            kinds[pid] = postgres_kind(args.strip())
+            cpu[pid] = now
     return PostgresSnapshot(kinds, cpu)
 
 
@@ -426,8 +421,10 @@ def _jmx_reader() -> Path | None:
     return classes
 
 
+@functools.cache
 def _broker_jmx_url(pid: int) -> str | None:
-    """The broker JVM's local JMX address, starting its local agent if need be."""
+    """The broker JVM's local JMX address, starting its local agent if need be (once per
+    broker process: the agent stays up, and every later reading reuses its address)."""
     if _tool_output("jcmd", str(pid), "ManagementAgent.start_local") is None:
         return None
     for line in (_tool_output("jcmd", str(pid), "PerfCounter.print") or "").splitlines():

@@ -1,11 +1,11 @@
 // The broker's own timing of each Produce request, read over JMX: one JSON object per
-// line, {"name": ..., "count": ..., "mean": ..., "p50": ..., "p99": ...}, for each stage
+// line, {"name": ..., "count": ..., "mean": ...}, for each stage
 // of kafka.network:type=RequestMetrics,request=Produce (queue, local append, waiting for
 // the replicas, response queue, response send, total). Run as a single-file program:
 //
 //     java bench/peers/jmx/RequestMetrics.java <JMX service URL>
 //
-// bench/peers/broker_requests.py gets the URL from the broker's local management agent.
+// bench/peers/measure.py gets the URL from the broker's local management agent.
 import java.util.TreeSet;
 import javax.management.MBeanServerConnection;
 import javax.management.ObjectName;
@@ -30,11 +30,9 @@ public class RequestMetrics {
                 }
                 Object count = server.getAttribute(name, "Count");
                 Object mean = server.getAttribute(name, "Mean");
-                Object p50 = server.getAttribute(name, "50thPercentile");
-                Object p99 = server.getAttribute(name, "99thPercentile");
                 System.out.printf(
-                        "{\"name\": \"%s\", \"count\": %s, \"mean\": %s, \"p50\": %s, \"p99\": %s}%n",
-                        name.getKeyProperty("name"), count, mean, p50, p99);
+                        "{\"name\": \"%s\", \"count\": %s, \"mean\": %s}%n",
+                        name.getKeyProperty("name"), count, mean);
             }
         }
     }
