@@ -240,6 +240,8 @@ pg_install_tls() {
 # Server settings both PostgreSQL clusters run with, declared once. Each `up` compares the
 # managed file with these lines: a running cluster of ours with other settings is restarted,
 # never reused stale.
+# shared_buffers stays at its default on purpose: 2 GB did not change the relay's drain
+# (docs/benchmarks.md, "Three database levers that did not move the drain").
 pg_common_settings() {
     printf '%s\n' "max_connections = 300" "password_encryption = 'scram-sha-256'"
 }
