@@ -9,7 +9,6 @@ postgres refuse root); both take their binaries from ``scripts/soak.sh prepare``
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import os
 import shutil
@@ -22,21 +21,10 @@ from pathlib import Path
 
 import asyncpg
 
+from tests.services import kafka_cluster_id_script
+
 REPO = Path(__file__).resolve().parents[2]
 log = logging.getLogger(__name__)
-
-
-def _cluster_id() -> str:
-    """A fresh KRaft cluster id from scripts/kafka_cluster_id.py, the one services.sh formats
-    with: it draws again when the id would start with ``-``, which the storage tool reads as
-    an option."""
-    spec = importlib.util.spec_from_file_location(
-        "kafka_cluster_id", REPO / "scripts" / "kafka_cluster_id.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return str(module.cluster_id())
 
 
 class ServiceStartError(RuntimeError):
@@ -253,7 +241,8 @@ class SoakKafka:
             ]
         )
         (self.dir / "server.properties").write_text(properties + "\n")
-        cluster_id = _cluster_id()
+        # drawn again when it would start with "-", which the storage tool reads as an option
+        cluster_id = kafka_cluster_id_script().cluster_id()
         done = subprocess.run(
             [
                 *self._java(),

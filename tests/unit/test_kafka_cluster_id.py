@@ -3,22 +3,11 @@
 from __future__ import annotations
 
 import base64
-import importlib.util
 import subprocess
 import sys
 import uuid
-from pathlib import Path
-from types import ModuleType
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "kafka_cluster_id.py"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("kafka_cluster_id", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.services import KAFKA_CLUSTER_ID_SCRIPT, kafka_cluster_id_script
 
 
 def test_an_id_that_would_read_as_an_option_is_drawn_again() -> None:
@@ -28,12 +17,12 @@ def test_an_id_that_would_read_as_an_option_is_drawn_again() -> None:
     plain = uuid.UUID(int=1).bytes
     assert base64.urlsafe_b64encode(dashed).decode().startswith("-")
     draws = iter([dashed, dashed, plain])
-    assert _load().cluster_id(lambda: next(draws)) == "AAAAAAAAAAAAAAAAAAAAAQ"
+    assert kafka_cluster_id_script().cluster_id(lambda: next(draws)) == "AAAAAAAAAAAAAAAAAAAAAQ"
 
 
 def test_the_printed_id_is_a_uuid_in_kafka_s_form() -> None:
     printed = subprocess.run(
-        [sys.executable, str(SCRIPT)], capture_output=True, text=True, check=True
+        [sys.executable, str(KAFKA_CLUSTER_ID_SCRIPT)], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert len(printed) == 22 and not printed.startswith("-")
     assert len(base64.urlsafe_b64decode(printed + "==")) == 16
