@@ -159,6 +159,14 @@ def health_cost_line(path: Path = HEALTH_COST) -> tuple[str, str]:
     return verdict(judged, "<=", 1.5), shown
 
 
+def database_line(machine: dict[str, Any]) -> list[str]:
+    """The server every system read, and whether over TLS (older files do not say)."""
+    if "postgresql_tls" not in machine:
+        return []
+    tls = "with TLS" if machine["postgresql_tls"] else "without TLS"
+    return [f"PostgreSQL {machine.get('postgresql', '?')}, every system connected {tls}"]
+
+
 def report_lines(document: dict[str, Any]) -> list[str]:
     """The printed report: the targets with their median ratios, then the medians."""
     rows: Rows = document["runs"]
@@ -169,6 +177,7 @@ def report_lines(document: dict[str, Any]) -> list[str]:
         f"PEER COMPARISON {scale.get('events', '?'):,} events, {len(runs)} runs, latency at "
         f"{scale.get('rate', '?')}/s for {scale.get('seconds', '?')} s "
         f"(measured {document.get('measured_at', '?')})",
+        *database_line(document.get("machine", {})),
         "",
         f"{'':6} {'target':56} {'median':>8}  {'bound':>7}  per run",
     ]

@@ -40,6 +40,9 @@ async def test_peer_comparison(kafka_bootstrap: str, tmp_path: Path) -> None:
         wal_level = await admin.fetchval("SHOW wal_level")
         leftovers = await debezium.drop_leftover_slots(admin)
         server_version = await admin.fetchval("SHOW server_version")
+        # Every system connects as this URL says; TLS costs the relay's side of the
+        # connection several microseconds per event (docs/benchmarks.md, "TLS to PostgreSQL").
+        tls = await admin.fetchval("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
     finally:
         await admin.close()
     if wal_level != "logical":
@@ -51,7 +54,7 @@ async def test_peer_comparison(kafka_bootstrap: str, tmp_path: Path) -> None:
     comparison = Comparison(server_url, kafka_bootstrap, tmp_path, SCALE)
     print(
         f"\nPEERS {SCALE.events} events x {SCALE.runs} runs, latency at {SCALE.rate}/s "
-        f"for {SCALE.seconds} s"
+        f"for {SCALE.seconds} s; PostgreSQL {server_version} {'with' if tls else 'without'} TLS"
     )
     rows = await comparison.run()
 
@@ -71,6 +74,7 @@ async def test_peer_comparison(kafka_bootstrap: str, tmp_path: Path) -> None:
             "load_average_at_end": os.getloadavg(),
             "python": platform.python_version(),
             "postgresql": server_version,
+            "postgresql_tls": tls,
         },
         "runs": rows,
     }

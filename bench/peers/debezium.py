@@ -23,7 +23,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import asyncpg
 
@@ -117,11 +117,18 @@ class PeerDatabase:
     dbname: str
     slot: str
     publication: str
+    sslmode: str = "prefer"
 
 
 def peer_database(database_url: str, slot: str) -> PeerDatabase:
-    """The connector's view of a libpq URL; the publication is named after the slot."""
+    """The connector's view of a libpq URL; the publication is named after the slot.
+
+    TLS as the relay's asyncpg connection has it: the URL's ``sslmode``, else
+    ``PGSSLMODE``, else ``prefer`` (libpq's default, and Debezium's), so every system pays
+    for the same connection (docs/benchmarks.md, "TLS to PostgreSQL").
+    """
     parts = urlsplit(database_url)
+    sslmode = parse_qs(parts.query).get("sslmode", [os.environ.get("PGSSLMODE", "prefer")])
     return PeerDatabase(
         host=parts.hostname or "127.0.0.1",
         port=parts.port or 5432,
@@ -130,6 +137,7 @@ def peer_database(database_url: str, slot: str) -> PeerDatabase:
         dbname=parts.path.lstrip("/") or "postgres",
         slot=slot,
         publication=f"{slot}_pub",
+        sslmode=sslmode[-1],
     )
 
 
@@ -171,6 +179,7 @@ def connector_properties(
         "database.user": db.user,
         "database.password": db.password,
         "database.dbname": db.dbname,
+        "database.sslmode": db.sslmode,
         "topic.prefix": topic_prefix,
         "plugin.name": "pgoutput",
         "slot.name": db.slot,

@@ -173,6 +173,33 @@ def test_connector_maps_the_event_router_to_our_outbox_table() -> None:
     assert props["transforms.outbox.route.topic.replacement"] == "ns1.${routedByValue}"
 
 
+def test_connector_connects_with_the_urls_tls_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every system reads PostgreSQL with the same TLS: the URL's sslmode, else PGSSLMODE,
+    # else libpq's (and asyncpg's, and Debezium's) own default, prefer.
+    monkeypatch.delenv("PGSSLMODE", raising=False)
+    url = "postgresql://u:p@db.local:6543/peer"
+    assert debezium.peer_database(url, "s").sslmode == "prefer"
+    monkeypatch.setenv("PGSSLMODE", "require")
+    assert debezium.peer_database(url, "s").sslmode == "require"
+    db = debezium.peer_database(url + "?application_name=x&sslmode=disable", "s")
+    assert db.sslmode == "disable"
+    props = debezium.connector_properties(db, "ns1", poll_interval_ms=1)
+    assert props["database.sslmode"] == "disable"
+
+
+def test_report_says_whether_postgresql_was_read_over_tls() -> None:
+    document = {
+        "runs": [],
+        "scale": {"events": 1, "rate": 1, "seconds": 1},
+        "machine": {"postgresql": "15.14", "postgresql_tls": False},
+    }
+    assert "PostgreSQL 15.14, every system connected without TLS" in report.report_lines(document)
+    document["machine"]["postgresql_tls"] = True
+    assert "PostgreSQL 15.14, every system connected with TLS" in report.report_lines(document)
+    # Files from before the field was kept say nothing rather than guess.
+    assert report.database_line({"postgresql": "15.14"}) == []
+
+
 def test_worker_producer_matches_the_relays_guarantees() -> None:
     props = debezium.worker_properties("127.0.0.1:9092", Path("/w"), 26301)
     assert props["producer.acks"] == "all"
