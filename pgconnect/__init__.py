@@ -8,7 +8,7 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import asyncpg
 
@@ -76,8 +76,12 @@ def describe_target(url: str | None) -> str:
         # Its parts cannot be told apart, so any of them may hold part of the password.
         return "the database named by --database-url"
     parts = urlsplit(url)
-    host = parts.hostname or "localhost"
-    port = parts.port or 5432
+    # libpq also takes host and port as query parameters; a host that is a path names the
+    # directory of a Unix socket.
+    query = parse_qs(parts.query)
+    host = parts.hostname or query.get("host", ["localhost"])[-1]
+    query_port = query.get("port", [""])[-1]
+    port = parts.port or (int(query_port) if query_port.isdigit() else 5432)
     database = parts.path.lstrip("/") or "(default)"
     return f"{host}:{port}/{database}"
 

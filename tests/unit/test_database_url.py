@@ -63,6 +63,9 @@ def test_no_url_means_the_pg_environment(unset: str | None) -> None:
         ("postgresql://u:pw@db.example:5433/app", "db.example:5433/app"),
         ("postgresql://u:a%2Fb@db.example/app", "db.example:5432/app"),
         ("postgresql://db.example", "db.example:5432/(default)"),
+        # libpq's host and port parameters in the query: a path is a Unix socket directory.
+        ("postgresql:///app?host=/var/run/postgresql", "/var/run/postgresql:5432/app"),
+        ("postgresql://u:pw@/app?application_name=r&host=/srv/pg&port=5433", "/srv/pg:5433/app"),
         # A raw reserved character would put part of the password in host, port or name.
         ("postgresql://u:12345/abc@db.example/app", "the database named by --database-url"),
         ("postgresql://u:12345#abc@db.example/app", "the database named by --database-url"),
