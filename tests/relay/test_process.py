@@ -13,6 +13,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -253,3 +254,48 @@ async def test_two_relay_processes_split_lanes_and_take_over_from_a_killed_one(
         if line.startswith("outbox_relay_published_events_total ")
     )
     assert float(published.split()[1]) > 0
+
+
+async def _unix_socket_url(db: asyncpg.Connection, database_url: str) -> str | None:
+    """The same database through the server's first Unix socket, if this machine has it
+    and the server admits our role on it; None otherwise."""
+    directories = str(await db.fetchval("SHOW unix_socket_directories"))
+    port = int(await db.fetchval("SHOW port"))
+    directory = directories.split(",")[0].strip()
+    if not directory:
+        return None
+    parts = urlsplit(database_url)
+    url = urlunsplit(
+        parts._replace(
+            netloc=parts.netloc.rpartition("@")[0] + "@",
+            query=urlencode({"host": directory, "port": port}),
+        )
+    )
+    try:
+        probe = await asyncpg.connect(url)
+    except OSError:
+        return None  # the server is elsewhere (a container): no socket on this machine
+    except (asyncpg.InvalidAuthorizationSpecificationError, asyncpg.InvalidPasswordError):
+        return None  # e.g. Debian's `local ... peer` lines: not our role's login
+    await probe.close()
+    return url
+
+
+async def test_the_relay_runs_over_a_unix_socket(stream: Stream) -> None:
+    """Where the relay shares the database's host, a socket URL (host in the query, as
+    libpq reads it) carries everything and needs no TLS (docs/security.md)."""
+    url = await _unix_socket_url(stream.db, stream.database_url)
+    if url is None:
+        pytest.skip("this server admits no password-less or password login on a socket here")
+    stream.database_url = url
+    stream.start("socket")
+    await stream.write_until_published(KEYS)
+    # The relay's own sessions came in over the socket: no client address.
+    sessions = await stream.db.fetchrow(
+        "SELECT count(*) AS all, count(*) FILTER (WHERE client_addr IS NOT NULL) AS tcp "
+        "FROM pg_stat_activity "
+        "WHERE application_name = 'outbox-relay' AND datname = current_database()"
+    )
+    assert sessions["all"] > 0 and sessions["tcp"] == 0
+    ids = await stream.finish()
+    assert max(ids.values()) == 1
