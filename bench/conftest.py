@@ -14,6 +14,7 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
+from bench.peers import measure
 from migrations.runner import apply, load_migrations
 from tests.conftest import with_database
 
@@ -56,6 +57,29 @@ async def bench_database(server_url: str) -> AsyncIterator[str]:
     """A fresh migrated database, dropped afterwards."""
     async with fresh_database(server_url) as url:
         yield url
+
+
+class Topics:
+    """The topics one benchmark creates; the fixture deletes them when it ends."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.created: list[str] = []
+
+    async def create(self, topic: str, *, log_append_time: bool = False) -> str:
+        await measure.create_topic(self.bootstrap, topic, log_append_time=log_append_time)
+        self.created.append(topic)
+        return topic
+
+
+@pytest_asyncio.fixture
+async def bench_topics(kafka_bootstrap: str) -> AsyncIterator[Topics]:
+    """Fresh topics on the broker, deleted afterwards (bench.peers.measure.delete_topics)."""
+    topics = Topics(kafka_bootstrap)
+    try:
+        yield topics
+    finally:
+        await measure.delete_topics(kafka_bootstrap, topics.created)
 
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,16 +16,16 @@ import uuid
 import asyncpg
 import pytest
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.partitioner import DefaultPartitioner
 
+from bench.conftest import Topics
+from bench.peers.measure import PARTITIONS
 from relay.config import RelayConfig
 from relay.records import OutboxRow, RecordMapper
 from tests.relay.harness import running_relay, wait_until
 
 EVENTS = int(os.environ.get("BENCH_EVENTS", "200000"))
 KEYS = 1000
-PARTITIONS = 6
 PAYLOAD_FILL = "x" * 1000  # with the JSON wrapper: ~1 KiB per value
 
 pytestmark = pytest.mark.bench
@@ -38,15 +38,6 @@ INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
 SELECT $1, 'key-' || (g % $3), 'bench.event', jsonb_build_object('n', g, 'fill', $4::text)
 FROM generate_series(1, $2) AS g
 """
-
-
-async def _create_topic(bootstrap: str, topic: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, PARTITIONS, 1)])
-    finally:
-        await admin.close()
 
 
 def _raw_producer(bootstrap: str) -> AIOKafkaProducer:
@@ -217,10 +208,12 @@ def _same_records(namespace: str) -> list:
     return [mapper.to_record(row) for row in rows]
 
 
-async def test_drain_rate_against_raw_producer(bench_database: str, kafka_bootstrap: str) -> None:
+async def test_drain_rate_against_raw_producer(
+    bench_database: str, kafka_bootstrap: str, bench_topics: Topics
+) -> None:
     namespace = f"b{uuid.uuid4().hex[:8]}"
-    await _create_topic(kafka_bootstrap, f"{namespace}.raw.bench")
-    await _create_topic(kafka_bootstrap, f"{namespace}.bench")
+    await bench_topics.create(f"{namespace}.raw.bench")
+    await bench_topics.create(f"{namespace}.bench")
     records = _same_records(namespace)
     # The raw producer runs before and after the relay and counts with the mean of both:
     # on a shared machine the load drifts within a run, and bracketing evens that out.
@@ -247,9 +240,11 @@ async def test_drain_rate_against_raw_producer(bench_database: str, kafka_bootst
     )
 
 
-async def test_drain_rate_grows_with_instances(bench_database: str, kafka_bootstrap: str) -> None:
+async def test_drain_rate_grows_with_instances(
+    bench_database: str, kafka_bootstrap: str, bench_topics: Topics
+) -> None:
     namespace = f"b{uuid.uuid4().hex[:8]}"
-    await _create_topic(kafka_bootstrap, f"{namespace}.bench")
+    await bench_topics.create(f"{namespace}.bench")
     one = await _relay_rate(bench_database, kafka_bootstrap, namespace, instances=1)
     two = await _relay_rate(bench_database, kafka_bootstrap, namespace, instances=2)
     print(

@@ -29,9 +29,8 @@ from typing import Any
 
 import asyncpg
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from bench.conftest import start_relay_process
+from bench.conftest import Topics, start_relay_process
 from bench.peers.measure import cpu_seconds
 from relay.config import RelayConfig
 from relay.engine import Batch, Relay
@@ -83,17 +82,6 @@ async def _write_steadily(url: str) -> dict[str, float]:
     return sent
 
 
-async def _create_log_append_topic(bootstrap: str, topic: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics(
-            [NewTopic(topic, 6, 1, topic_configs={"message.timestamp.type": "LogAppendTime"})]
-        )
-    finally:
-        await admin.close()
-
-
 def _percentile(ordered: list[float], fraction: float) -> float:
     return ordered[max(0, int(len(ordered) * fraction) - 1)]
 
@@ -106,13 +94,14 @@ class Variant:
 
 
 async def _measure(
-    database_url: str, bootstrap: str, workdir: Path, variant: Variant
+    database_url: str, topics: Topics, workdir: Path, variant: Variant
 ) -> tuple[float, float, float, int, float]:
     """p50, p99, max (ms), events, and the relay's CPU ms per 1,000 events of one relay
     variant at the steady rate."""
     namespace = f"l{uuid.uuid4().hex[:8]}"
     topic = f"{namespace}.latency"
-    await _create_log_append_topic(bootstrap, topic)
+    await topics.create(topic, log_append_time=True)
+    bootstrap = topics.bootstrap
     relay = await start_relay_process(
         database_url, bootstrap, namespace, workdir, source=variant.source, **variant.env
     )
@@ -141,7 +130,7 @@ async def _measure(
 
 
 async def test_commit_to_ack_latency_at_steady_rate(
-    bench_database: str, kafka_bootstrap: str, tmp_path: Path
+    bench_database: str, bench_topics: Topics, tmp_path: Path
 ) -> None:
     variants = [
         Variant("relay at its defaults"),
@@ -153,7 +142,7 @@ async def test_commit_to_ack_latency_at_steady_rate(
             Variant(f"baseline checkout {baseline}, its defaults", source=Path(baseline))
         )
     results = [
-        (variant, await _measure(bench_database, kafka_bootstrap, tmp_path, variant))
+        (variant, await _measure(bench_database, bench_topics, tmp_path, variant))
         for variant in variants
     ]
     first_p50, first_p99 = results[0][1][0], results[0][1][1]
@@ -297,10 +286,13 @@ def _on_ack(stages: _Stages, seqs: list[int]) -> Callable[[asyncio.Future[Any]],
 
 
 async def test_where_one_events_latency_goes(
-    bench_database: str, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+    bench_database: str,
+    kafka_bootstrap: str,
+    bench_topics: Topics,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     namespace = f"l{uuid.uuid4().hex[:8]}"
-    await _create_log_append_topic(kafka_bootstrap, f"{namespace}.latency")
+    await bench_topics.create(f"{namespace}.latency", log_append_time=True)
     stages = _Stages()
     _instrument(monkeypatch, stages)
     config = RelayConfig(

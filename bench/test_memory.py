@@ -15,10 +15,9 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from bench.conftest import start_relay_process
-from bench.test_drain import FILL_BACKLOG, KEYS, PARTITIONS, PAYLOAD_FILL
+from bench.conftest import Topics, start_relay_process
+from bench.test_drain import FILL_BACKLOG, KEYS, PAYLOAD_FILL
 
 pytestmark = pytest.mark.bench
 
@@ -34,15 +33,10 @@ def _rss_mb(pid: int) -> float:
 
 
 async def test_relay_memory_on_a_large_backlog(
-    bench_database: str, kafka_bootstrap: str, tmp_path: Path
+    bench_database: str, kafka_bootstrap: str, bench_topics: Topics, tmp_path: Path
 ) -> None:
     namespace = f"m{uuid.uuid4().hex[:8]}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(f"{namespace}.bench", PARTITIONS, 1)])
-    finally:
-        await admin.close()
+    await bench_topics.create(f"{namespace}.bench")
     conn = await asyncpg.connect(bench_database)
     started = time.perf_counter()
     for offset in range(0, BACKLOG, 100_000):

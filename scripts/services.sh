@@ -656,13 +656,34 @@ KAFKA_JVM_OPTS=(
     -cp "$KAFKA_LIB/*"
 )
 
-kafka_wait() { # kafka_wait PID
-    local pid="$1" deadline=$((SECONDS + KAFKA_WAIT_SECONDS))
+# kafka_logs_loaded: "N/M" from the last log-loading line (LogManager's "(N/M completed in")
+# this start of the broker wrote, or nothing. server.log is appended to across starts, so it
+# is read from the size it had when services.sh started the broker.
+kafka_logs_loaded() {
+    local from; from="$(tr -dc '0-9' <"$KAFKA_DIR/server.log.offset" 2>/dev/null || true)"
+    tail -c "+$((${from:-0} + 1))" "$KAFKA_DIR/logs/server.log" 2>/dev/null \
+        | grep -o '([0-9]*/[0-9]* completed in' | tail -n 1 | tr -dc '0-9/' || true
+}
+
+# kafka_wait PID: until the broker answers. A broker stopped uncleanly recovers every
+# partition it holds first (minutes for a well-used development broker), so the wait runs
+# out KAFKA_WAIT_SECONDS after the count of loaded logs last moved, and says how far it is.
+kafka_wait() {
+    local pid="$1" deadline=$((SECONDS + KAFKA_WAIT_SECONDS)) loaded="" now said=-10
     while ((SECONDS < deadline)); do
         pid_alive "$pid" || die "kafka: broker process $pid exited during startup" \
             "$KAFKA_DIR/stdout.log" "$KAFKA_DIR/logs/server.log"
         if kafka_probe "$KAFKA_DEFAULT" 2>/dev/null; then
             return 0
+        fi
+        now="$(kafka_logs_loaded)"
+        if [[ -n "$now" && "$now" != "$loaded" ]]; then
+            loaded="$now"
+            deadline=$((SECONDS + KAFKA_WAIT_SECONDS))
+            if ((SECONDS - said >= 10)); then
+                log "kafka: loading its logs, $loaded partitions (after an unclean stop)"
+                said=$SECONDS
+            fi
         fi
         sleep 1
     done
@@ -721,6 +742,8 @@ kafka_up() {
 
     log "kafka: starting Apache Kafka $(kafka_version) (KRaft)"
     : >"$KAFKA_DIR/stdout.log"
+    stat -c %s "$KAFKA_DIR/logs/server.log" >"$KAFKA_DIR/server.log.offset" 2>/dev/null \
+        || echo 0 >"$KAFKA_DIR/server.log.offset"
     # setsid: own session, so the broker outlives this shell and a terminal's Ctrl-C.
     (cd "$KAFKA_DIR" && exec setsid nohup java "${KAFKA_JVM_OPTS[@]}" \
         kafka.Kafka "$KAFKA_DIR/server.properties") >>"$KAFKA_DIR/stdout.log" 2>&1 </dev/null 9>&- &

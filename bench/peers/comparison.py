@@ -184,6 +184,7 @@ async def drain(subject: Subject, bootstrap: str, scale: Scale) -> dict[str, Any
     finally:
         await subject.stop()
         await subject.cleanup()
+        await measure.delete_topics(bootstrap, [topic])
     span_s = max(last_ms - first_ms, 1) / 1000
     wall_s = done - started
     return {
@@ -232,6 +233,7 @@ async def latency(subject: Subject, bootstrap: str, scale: Scale) -> dict[str, A
     finally:
         await subject.stop()
         await subject.cleanup()
+        await measure.delete_topics(bootstrap, [topic])
     values = measure.latencies_ms(sent, appended)
     missing = len(sent) - len(values)
     if missing:

@@ -12,6 +12,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
 
 from bench import report
 from bench.peers import debezium, measure
@@ -389,13 +390,15 @@ async def test_the_brokers_own_produce_timings_count_each_request(kafka_bootstra
         if REQUIRED:
             pytest.fail("the broker runs here but its request metrics could not be read")
         pytest.skip("the broker is not a process on this machine")
+    topic = f"t{uuid.uuid4().hex[:10]}-jmx"
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=0)
     await producer.start()
     try:
         for n in range(20):
-            await producer.send_and_wait(f"t{uuid.uuid4().hex[:10]}-jmx", b"x" * 100, key=b"%d" % n)
+            await producer.send_and_wait(topic, b"x" * 100, key=b"%d" % n)
     finally:
         await producer.stop()
+        await measure.delete_topics(kafka_bootstrap, [topic])
     window = measure.produce_window(before, await asyncio.to_thread(measure.read_produce_metrics))
     assert window["produce_requests"] >= 20
     assert window["produce_total_ms"] >= window["produce_local_ms"] >= 0
@@ -430,3 +433,25 @@ def test_the_brokers_produce_timings_are_shown_per_phase_and_system() -> None:
     assert lines[drain + 2].split()[:2] == ["relay", "200.0"]
     assert not any(line.startswith("raw-send") for line in lines)
     assert report.produce_lines(rows[2:]) == []
+
+
+async def _topic_names(bootstrap: str) -> set[str]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return set(await admin.list_topics())
+    finally:
+        await admin.close()
+
+
+async def test_a_measurement_s_topics_are_deleted_and_a_missing_one_is_no_error(
+    kafka_bootstrap: str,
+) -> None:
+    """Every drain leaves 250 MB on the development broker unless its topic goes."""
+    topic = f"t{uuid.uuid4().hex[:10]}-scratch"
+    await measure.create_topic(kafka_bootstrap, topic)
+    assert topic in await _topic_names(kafka_bootstrap)
+    await measure.delete_topics(kafka_bootstrap, [topic])
+    assert topic not in await _topic_names(kafka_bootstrap)
+    await measure.delete_topics(kafka_bootstrap, [topic])  # already gone
+    await measure.delete_topics(kafka_bootstrap, [])
