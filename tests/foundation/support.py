@@ -26,6 +26,7 @@ SHIPPED = (
     "0002_scoring_job_state.sql",
     "0003_scoring_job_health_indexes.sql",
     "0004_outbox_notify_seq.sql",
+    "0005_outbox_time_ordered_id.sql",
 )
 
 # Environment the CLI reads; a test states every input it wants the process to see.

@@ -61,12 +61,12 @@ async def _record(conn: asyncpg.Connection) -> list[tuple[int, str, str]]:
 def test_shipped_files_load_in_numeric_order_with_sha256_checksums() -> None:
     loaded = load_migrations()
     assert [m.file_name for m in loaded] == list(SHIPPED)
-    assert [m.version for m in loaded] == [1, 2, 3, 4]
+    assert [m.version for m in loaded] == [1, 2, 3, 4, 5]
     for migration in loaded:
         raw = (MIGRATIONS_DIR / migration.file_name).read_bytes()
         assert migration.checksum == hashlib.sha256(raw).hexdigest()
     # Only the index file runs outside a transaction (CREATE INDEX CONCURRENTLY).
-    assert [m.transactional for m in loaded] == [True, True, False, True]
+    assert [m.transactional for m in loaded] == [True, True, False, True, True]
 
 
 def test_loading_from_a_directory_sorts_by_prefix_not_by_creation(tmp_path: Path) -> None:
@@ -178,7 +178,7 @@ async def test_verify_reports_pending_then_up_to_date(empty_db: asyncpg.Connecti
     await apply(empty_db, migrations)
     status = await verify(empty_db, migrations)
     assert status.up_to_date
-    assert status.applied == (1, 2, 3, 4)
+    assert status.applied == (1, 2, 3, 4, 5)
 
 
 async def test_a_changed_applied_file_is_refused_naming_it(
@@ -201,10 +201,10 @@ async def test_a_new_file_is_applied_after_the_shipped_ones(
     empty_db: asyncpg.Connection, migration_dir: Path
 ) -> None:
     await apply(empty_db, load_migrations(migration_dir))
-    (migration_dir / "0005_extra.sql").write_text("CREATE TABLE extra_table (x int);\n")
+    (migration_dir / "0006_extra.sql").write_text("CREATE TABLE extra_table (x int);\n")
     applied = await apply(empty_db, load_migrations(migration_dir))
-    assert [m.file_name for m in applied] == ["0005_extra.sql"]
-    assert [v for v, _, _ in await _record(empty_db)] == [1, 2, 3, 4, 5]
+    assert [m.file_name for m in applied] == ["0006_extra.sql"]
+    assert [v for v, _, _ in await _record(empty_db)] == [1, 2, 3, 4, 5, 6]
 
 
 async def test_a_migration_the_files_do_not_know_is_refused(
@@ -223,13 +223,13 @@ async def test_a_failing_transactional_migration_leaves_nothing_behind(
     empty_db: asyncpg.Connection, migration_dir: Path
 ) -> None:
     await apply(empty_db, load_migrations(migration_dir))
-    (migration_dir / "0005_broken.sql").write_text(
+    (migration_dir / "0006_broken.sql").write_text(
         "CREATE TABLE half_done (x int);\nSELECT 1 / 0;\n"
     )
-    with pytest.raises(MigrationError, match=r"0005_broken\.sql failed: 22012"):
+    with pytest.raises(MigrationError, match=r"0006_broken\.sql failed: 22012"):
         await apply(empty_db, load_migrations(migration_dir))
     assert await empty_db.fetchval("SELECT to_regclass('half_done')") is None
-    assert [v for v, _, _ in await _record(empty_db)] == [1, 2, 3, 4]
+    assert [v for v, _, _ in await _record(empty_db)] == [1, 2, 3, 4, 5]
 
 
 async def test_apply_gives_up_while_another_run_holds_the_lock(
@@ -243,7 +243,7 @@ async def test_apply_gives_up_while_another_run_holds_the_lock(
         assert await empty_db.fetchval("SELECT to_regclass('outbox')") is None
     finally:
         await holder.close()
-    assert len(await apply(empty_db, load_migrations())) == 4
+    assert len(await apply(empty_db, load_migrations())) == len(SHIPPED)
 
 
 async def test_an_invalid_leftover_index_from_an_interrupted_build_is_rebuilt(
@@ -350,7 +350,7 @@ async def test_an_existing_scoring_job_state_is_left_untouched(
     await empty_db.execute(_SCORING_SERVICE_TABLE)
     before = await empty_db.fetchrow(_SHAPE)
     rows_before = await empty_db.fetch("SELECT * FROM scoring_job_state")
-    assert len(await apply(empty_db, load_migrations())) == 4
+    assert len(await apply(empty_db, load_migrations())) == len(SHIPPED)
     after = await empty_db.fetchrow(_SHAPE)
     assert after["columns"] == before["columns"]
     assert "scoring_service_only:text" in after["columns"]
@@ -383,13 +383,18 @@ async def test_two_concurrent_migrate_processes_are_safe(empty_database_url: str
     )
     assert (first.code, second.code) == (0, 0), (first.stderr, second.stderr)
     # Exactly one of them did the work; the other found it done.
-    assert sorted([_applied_count(first.stdout), _applied_count(second.stdout)]) == [0, 4]
+    assert sorted([_applied_count(first.stdout), _applied_count(second.stdout)]) == [
+        0,
+        len(SHIPPED),
+    ]
     conn = await asyncpg.connect(empty_database_url)
     try:
         rows = await conn.fetch(
             "SELECT version, count(*) AS n FROM outbox_relay_migration GROUP BY version"
         )
-        assert sorted((r["version"], r["n"]) for r in rows) == [(1, 1), (2, 1), (3, 1), (4, 1)]
+        assert sorted((r["version"], r["n"]) for r in rows) == [
+            (v, 1) for v in range(1, len(SHIPPED) + 1)
+        ]
         assert await conn.fetchval(
             "SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
             " WHERE c.relname = ANY($1::text[]) AND i.indisvalid",
@@ -411,7 +416,7 @@ async def test_migrate_verify_exit_codes(empty_database_url: str) -> None:
         assert f"applying {name}" in applied.stdout
     done = await run_cli("migrate", "--verify", "--database-url", empty_database_url)
     assert done.code == 0
-    assert "up to date (4 applied)" in done.stdout
+    assert "up to date (5 applied)" in done.stdout
 
 
 def test_migration_dataclass_names_its_file() -> None:
