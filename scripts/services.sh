@@ -242,8 +242,11 @@ pg_install_tls() {
 # never reused stale.
 # shared_buffers stays at its default on purpose: 2 GB did not change the relay's drain
 # (docs/benchmarks.md, "Three database levers that did not move the drain").
+# pg_stat_statements on both, so the benchmarks read each hot statement's cost on the server
+# it ran on (the relay-alone benchmarks use PostgreSQL 18, the peer comparison 15).
 pg_common_settings() {
-    printf '%s\n' "max_connections = 300" "password_encryption = 'scram-sha-256'"
+    printf '%s\n' "max_connections = 300" "password_encryption = 'scram-sha-256'" \
+        "shared_preload_libraries = 'pg_stat_statements'"
 }
 
 # pg_tls_settings DATA_DIR: TLS on, with the certificate pg_install_tls put in DATA_DIR. Only
@@ -273,10 +276,8 @@ pg15_settings() {
     printf '%s\n' "# managed by outbox-relay scripts/services.sh" "port = $PG15_PORT" "listen_addresses = 'localhost'"
     pg_common_settings
     pg_tls_settings "$PG15_DATA"
-    # Logical WAL so the benchmark can run Debezium's connector against this same cluster,
-    # and pg_stat_statements so hot statements can be measured where they run.
-    printf '%s\n' "wal_level = logical" "max_replication_slots = 10" "max_wal_senders = 10" \
-        "shared_preload_libraries = 'pg_stat_statements'"
+    # Logical WAL so the benchmark can run Debezium's connector against this same cluster.
+    printf '%s\n' "wal_level = logical" "max_replication_slots = 10" "max_wal_senders = 10"
 }
 
 # pg15_ensure_hba: our pg_hba lines (password login for outbox, certificate login for the
