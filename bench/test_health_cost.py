@@ -1,8 +1,9 @@
 """A full health evaluation with 1,000,000 terminal jobs and receipts vs. an empty history.
 
 Target (docs/benchmarks.md): ≤ 2x the cost of an empty history. Terminal history older than the
-completion_outbox look-back window is what the partial indexes must make free; the
-same one-shot evaluation (``check``/``status``) with the whole history *inside* the window
+completion_outbox look-back window is what the partial indexes must make free, measured as
+``check`` and ``status`` evaluate (once per process: every statement prepared and planned);
+the same one-shot evaluation (``check``/``status``) with the whole history *inside* the window
 is printed too, because that cost grows with the window (the operator's bound). The
 sidecar's evaluation is incremental: after its first full check it reads only the jobs
 that became visible since, so its steady-state cost is measured with the same 1,000,000
@@ -80,16 +81,34 @@ SELECT 'active-' || g, 'req-a' || g, 'queued', 3 FROM generate_series(1, 100) AS
 """
 
 
-async def _cost(conn: asyncpg.Connection) -> float:
-    """Median wall time of one full evaluation, in ms."""
-    await evaluate(conn, POLICY, receipt_retention_ms=7 * DAY_MS)  # warm the plans
-    samples = []
-    for _ in range(ROUNDS):
-        started = time.perf_counter()
-        report = await evaluate(conn, POLICY, receipt_retention_ms=7 * DAY_MS)
-        samples.append((time.perf_counter() - started) * 1000)
-        assert len(report.families) == 4  # every family evaluated
-    return statistics.median(samples)
+async def _costs(conns: list[asyncpg.Connection]) -> list[float]:
+    """Median wall time of one full evaluation on each connection, in ms.
+
+    Interleaved round by round, each connection first in turn, so a drift of the machine's
+    speed moves them all, not their ratios.
+    """
+    for conn in conns:
+        await evaluate(conn, POLICY, receipt_retention_ms=7 * DAY_MS)  # warm the plans
+    samples: list[list[float]] = [[] for _ in conns]
+    for round_ in range(ROUNDS):
+        turn = round_ % len(conns)
+        for index in [*range(turn, len(conns)), *range(turn)]:
+            started = time.perf_counter()
+            report = await evaluate(conns[index], POLICY, receipt_retention_ms=7 * DAY_MS)
+            samples[index].append((time.perf_counter() - started) * 1000)
+            assert len(report.families) == 4  # every family evaluated
+    return [statistics.median(s) for s in samples]
+
+
+async def _one_shot_connect(url: str) -> asyncpg.Connection:
+    """A connection that prepares and plans every statement anew, each time it runs one.
+
+    ``check`` and ``status`` evaluate once per process: each of their statements is
+    prepared and planned once, and never reaches the plan cache's choice between a
+    generic and a custom plan, which a connection evaluating again and again does
+    (docs/benchmarks.md, "History beyond the look-back window").
+    """
+    return await asyncpg.connect(url, statement_cache_size=0)
 
 
 @dataclass
@@ -173,19 +192,27 @@ async def _measure(
     e_side: asyncpg.Connection,
     h_plain: asyncpg.Connection,
     h_side: asyncpg.Connection,
+    empty_url: str,
     history_url: str,
-) -> tuple[float, float, float, dict[str, float], dict[str, float], dict[bool, float]]:
+) -> tuple[dict[str, float], dict[str, float], dict[str, float], dict[bool, float]]:
     """One-shot costs, then the steady states (grace 30 s and 0), then the roles."""
     for conn in (e_plain, h_plain):
         await conn.execute(RECENT_ACTIVE)
         await conn.execute("ANALYZE")
-    empty = await _cost(e_plain)
     # History older than the look-back window (2 days; the window is 1 day).
     await h_plain.execute(FILL_JOBS, HISTORY, 2 * DAY_MS)
     await h_plain.execute(FILL_RECEIPTS, HISTORY, 2 * DAY_MS)
     await h_plain.execute("VACUUM ANALYZE scoring_job_state")
     await h_plain.execute("VACUUM ANALYZE outbox_receipt")
-    old_history = await _cost(h_plain)
+    # On the plain sessions, evaluating again and again: the baseline of the ratios below.
+    empty, old_history_warm = await _costs([e_plain, h_plain])
+    # As check and status evaluate: every statement prepared and planned once.
+    e_once, h_once = await _one_shot_connect(empty_url), await _one_shot_connect(history_url)
+    try:
+        empty_once, old_history = await _costs([e_once, h_once])
+    finally:
+        await e_once.close()
+        await h_once.close()
     # The same amount of history again, inside the window (1 hour old).
     await h_plain.execute("TRUNCATE scoring_job_state, outbox_receipt")
     await h_plain.execute(RECENT_ACTIVE)
@@ -193,7 +220,7 @@ async def _measure(
     await h_plain.execute(FILL_RECEIPTS, HISTORY, 3_600_000)
     await h_plain.execute("VACUUM ANALYZE scoring_job_state")
     await h_plain.execute("VACUUM ANALYZE outbox_receipt")
-    in_window = await _cost(h_plain)
+    (in_window,) = await _costs([h_plain])
     # The sidecar, incremental after its first check, with the history and on the empty one
     # (the target's own baseline: "its cost on an empty history"); the same on plain
     # sessions with the check in a transaction of its own (the sidecar before its sessions
@@ -239,10 +266,15 @@ async def _measure(
             by_role[read_all_stats] = role.median()
         finally:
             await role_conn.close()
+    one_shot = {
+        "empty": empty,
+        "beyond, warm": old_history_warm,
+        "empty, planned": empty_once,
+        "beyond, planned": old_history,
+        "inside": in_window,
+    }
     return (
-        empty,
-        old_history,
-        in_window,
+        one_shot,
         {name: sidecar.median() for name, sidecar in grace_30.items()},
         {name: sidecar.median() for name, sidecar in grace_0.items()},
         by_role,
@@ -260,18 +292,16 @@ async def test_health_cost_with_terminal_history(bench_database: str, server_url
         h_plain = await asyncpg.connect(bench_database)
         h_side = await _sidecar_connect(bench_database)
         try:
-            figures = await _measure(e_plain, e_side, h_plain, h_side, bench_database)
+            figures = await _measure(
+                e_plain, e_side, h_plain, h_side, empty_database, bench_database
+            )
         finally:
             for conn in (e_plain, e_side, h_plain, h_side):
                 await conn.close()
-    (
-        empty,
-        old_history,
-        in_window,
-        steady,
-        steady_no_grace,
-        by_role,
-    ) = figures
+    one_shot, steady, steady_no_grace, by_role = figures
+    empty, in_window = one_shot["empty"], one_shot["inside"]
+    old_history, empty_once = one_shot["beyond, planned"], one_shot["empty, planned"]
+    old_history_warm = one_shot["beyond, warm"]
     sidecar, sidecar_empty = steady["sidecar"], steady["sidecar, empty"]
     sidecar_plain, sidecar_empty_plain = steady["plain"], steady["plain, empty"]
     sidecar_before = steady["previous tracker"]
@@ -295,15 +325,25 @@ async def test_health_cost_with_terminal_history(bench_database: str, server_url
                 "steady_plain_session_ms": round(sidecar_plain, 3),
                 "empty_ms": round(empty, 3),
                 "steady_ms": round(sidecar, 3),
+                # the one-shot with the history beyond the look-back window, as check and
+                # status evaluate (target <= 2), and on a connection evaluating again and again
+                "ratio_beyond_lookback": round(old_history / empty_once, 3),
+                "ratio_beyond_lookback_warm": round(old_history_warm / empty, 3),
             }
         )
         + "\n"
     )
     print(
         f"\nHEALTH EVALUATION (median of {ROUNDS}, all four families)\n"
-        f"  one-shot check/status, empty history:                     {empty:8.2f} ms\n"
-        f"  one-shot check/status, {HISTORY} jobs + receipts beyond look-back:"
-        f" {old_history:8.2f} ms  (ratio {old_history / empty:.2f}, target <= 2.00)\n"
+        f"  one-shot check/status, empty history:                     {empty:8.2f} ms"
+        f" (a plain session evaluating again and again: the baseline of the ratios below)\n"
+        f"  one-shot check/status, {HISTORY} jobs + receipts beyond look-back, as check and"
+        f" status evaluate (every statement prepared and planned once):"
+        f" {old_history:8.2f} ms against {empty_once:.2f} ms on the empty history"
+        f"  (ratio {old_history / empty_once:.2f}, target <= 2.00)\n"
+        f"  the same on the plain session evaluating again and again: {old_history_warm:8.2f} ms"
+        f"  (ratio {old_history_warm / empty:.2f}, reported: the plan cache plans the"
+        f" completion check anew each time on the large table, the empty one's it keeps)\n"
         f"  one-shot check/status, {HISTORY} jobs + receipts inside look-back:"
         f" {in_window:8.2f} ms  (ratio {in_window / empty:.2f}, grows with the window)\n"
         f"  sidecar steady state, empty history, +{NEW_PER_ROUND} completions/round, grace 30 s:"
