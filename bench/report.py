@@ -329,6 +329,17 @@ def produce_lines(rows: Rows) -> list[str]:
     return lines
 
 
+def log_bars(values: list[float | None], *, floor: float) -> tuple[list[float], list[bool]]:
+    """Bar heights for a log axis, and which bars stand for no positive value.
+
+    The broker's LogAppendTime has millisecond resolution, so a latency under a millisecond
+    can come out at or below 0 (the raw producer's p50); such a bar is drawn at ``floor``
+    and marked, rather than left out of the plot.
+    """
+    heights = [v if v is not None and v > 0 else floor for v in values]
+    return heights, [v is None or v <= 0 for v in values]
+
+
 def plot(document: dict[str, Any], path: Path) -> None:
     """Latency percentiles and drain rate per system, medians over runs, runs as dots."""
     import matplotlib
@@ -353,13 +364,27 @@ def plot(document: dict[str, Any], path: Path) -> None:
     percentiles = (("p50", "p50"), ("p90", "p90"), ("p99", "p99"), ("p999", "p99.9"))
     latency_systems = [s for s in systems if median_figure(rows, s, "latency", "p50") is not None]
     width = 0.8 / max(len(latency_systems), 1)
+    figures = {
+        system: [median_figure(rows, system, "latency", key) for key, _ in percentiles]
+        for system in latency_systems
+    }
+    positive = [v for values in figures.values() for v in values if v is not None and v > 0]
+    floor = min([0.05, *positive]) / 2
+    any_marked = False
     for i, system in enumerate(latency_systems):
         xs = [j + i * width for j in range(len(percentiles))]
-        medians = [median_figure(rows, system, "latency", key) or 0.0 for key, _ in percentiles]
-        left.bar(xs, medians, width, label=system, color=colours[system])
+        heights, marked = log_bars(figures[system], floor=floor)
+        left.bar(xs, heights, width, label=system, color=colours[system])
+        for x, height, is_marked in zip(xs, heights, marked, strict=True):
+            if is_marked:
+                any_marked = True
+                left.text(x, height * 1.15, "≤0", ha="center", fontsize=7)
         for j, (key, _) in enumerate(percentiles):
             points = [_figure(rows, run, system, "latency", key) for run in runs_of(rows)]
-            left.scatter([xs[j]] * len(points), points, s=8, color="black", zorder=3)
+            shown = [p for p in points if p is not None and p > 0]
+            left.scatter([xs[j]] * len(shown), shown, s=8, color="black", zorder=3)
+    if any_marked:
+        left.set_xlabel("≤0: at or below 0 ms (LogAppendTime has 1 ms resolution)", fontsize=7)
     left.set_xticks([j + width * (len(latency_systems) - 1) / 2 for j in range(len(percentiles))])
     left.set_xticklabels([label for _, label in percentiles])
     left.set_yscale("log")

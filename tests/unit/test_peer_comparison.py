@@ -371,6 +371,14 @@ def test_a_report_of_other_figures_draws_its_plot_beside_them(tmp_path: Path) ->
     assert (report.PLOT.read_bytes() if report.PLOT.exists() else None) == committed
 
 
+def test_latency_at_or_below_zero_is_drawn_at_the_log_axis_floor_and_marked() -> None:
+    """The broker's LogAppendTime has millisecond resolution, so the raw producer's p50 can
+    come out negative: a log axis cannot draw it, and the bar must not silently vanish."""
+    heights, marked = report.log_bars([-0.3, 0.0, 0.02, 1.5, None], floor=0.01)
+    assert heights == [0.01, 0.01, 0.02, 1.5, 0.01]
+    assert marked == [True, True, False, False, True]
+
+
 def test_a_window_of_produce_requests_is_the_difference_of_two_readings() -> None:
     before = {"TotalTimeMs": (100, 2.0), "LocalTimeMs": (100, 1.0), "RequestBytes": (100, 500.0)}
     after = {"TotalTimeMs": (150, 1.5), "LocalTimeMs": (150, 1.0), "RequestBytes": (150, 700.0)}
