@@ -329,15 +329,16 @@ def produce_lines(rows: Rows) -> list[str]:
     return lines
 
 
-def log_bars(values: list[float | None], *, floor: float) -> tuple[list[float], list[bool]]:
-    """Bar heights for a log axis, and which bars stand for no positive value.
+def log_bars(values: list[float | None], *, floor: float) -> tuple[list[float], list[str]]:
+    """Bar heights for a log axis, and the mark of each bar that stands for no positive value.
 
     The broker's LogAppendTime has millisecond resolution, so a latency under a millisecond
     can come out at or below 0 (the raw producer's p50); such a bar is drawn at ``floor``
-    and marked, rather than left out of the plot.
+    and marked "≤0" rather than left out of the plot, and a missing figure is marked "n/a".
     """
     heights = [v if v is not None and v > 0 else floor for v in values]
-    return heights, [v is None or v <= 0 for v in values]
+    marks = ["n/a" if v is None else "≤0" if v <= 0 else "" for v in values]
+    return heights, marks
 
 
 def plot(document: dict[str, Any], path: Path) -> None:
@@ -373,12 +374,12 @@ def plot(document: dict[str, Any], path: Path) -> None:
     any_marked = False
     for i, system in enumerate(latency_systems):
         xs = [j + i * width for j in range(len(percentiles))]
-        heights, marked = log_bars(figures[system], floor=floor)
+        heights, marks = log_bars(figures[system], floor=floor)
         left.bar(xs, heights, width, label=system, color=colours[system])
-        for x, height, is_marked in zip(xs, heights, marked, strict=True):
-            if is_marked:
-                any_marked = True
-                left.text(x, height * 1.15, "≤0", ha="center", fontsize=7)
+        for x, height, mark in zip(xs, heights, marks, strict=True):
+            if mark:
+                any_marked = any_marked or mark == "≤0"
+                left.text(x, height * 1.15, mark, ha="center", fontsize=7)
         for j, (key, _) in enumerate(percentiles):
             points = [_figure(rows, run, system, "latency", key) for run in runs_of(rows)]
             shown = [p for p in points if p is not None and p > 0]
