@@ -354,6 +354,21 @@ def test_sidecar_target_is_judged_against_its_own_empty_history(
     assert report.health_cost_line(tmp_path / "absent.json")[0] == "n/a"
 
 
+@pytest.mark.parametrize(("beyond", "mark"), [(1.05, "PASS"), (2.0, "PASS"), (2.01, "FAIL")])
+def test_check_beyond_the_look_back_window_is_judged_as_check_evaluates(
+    tmp_path: Path, beyond: float, mark: str
+) -> None:
+    figures = tmp_path / "health_cost.json"
+    figures.write_text(f'{{"ratio_beyond_lookback": {beyond}, "ratio_beyond_lookback_warm": 2.38}}')
+    verdict_mark, text = report.beyond_lookback_line(figures)
+    assert verdict_mark == mark
+    assert f"{beyond:.2f}x" in text and "2.38x" in text
+    # Figures from before the bench measured it: no verdict, and the reason.
+    figures.write_text('{"ratio": 1.7}')
+    assert report.beyond_lookback_line(figures)[0] == "n/a"
+    assert report.beyond_lookback_line(tmp_path / "absent.json")[0] == "n/a"
+
+
 def test_a_report_of_other_figures_draws_its_plot_beside_them(tmp_path: Path) -> None:
     """Reading a trial's figures must not overwrite the committed plot of the last run."""
     results = tmp_path / "trial.json"
