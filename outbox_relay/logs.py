@@ -53,6 +53,9 @@ def configure_logging(level: str = "info", fmt: str = "json") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     # aiokafka logs every broker reconnect attempt at error level; the relay says it
-    # once with a classified cause. At debug level the driver speaks again.
-    if root.level > logging.DEBUG:
-        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    # once with a classified cause. At debug level the driver speaks again, but never
+    # below info: its debug lines print every request it sends, and a PLAIN
+    # SaslAuthenticate request carries the password in the clear, a Produce request the
+    # records' keys and values.
+    kafka_client = logging.getLogger("aiokafka")
+    kafka_client.setLevel(logging.CRITICAL if root.level > logging.DEBUG else logging.INFO)

@@ -192,3 +192,44 @@ def test_a_refused_connection_names_what_failed(
     services.append(service)
     warning = service.wait_for_line(_kafka_warning)
     assert cause in warning
+
+
+@pytest.mark.parametrize("name", ["plain", "scram"])
+async def test_debug_logging_shows_neither_the_sasl_password_nor_record_contents(
+    db: asyncpg.Connection,
+    database_url: str,
+    make_role: MakeRole,
+    kafka_bootstrap: str,
+    topic_namespace: str,
+    tmp_path: Path,
+    services: list[Service],
+    name: str,
+) -> None:
+    # At debug level the Kafka client logs every request it sends; a PLAIN
+    # SaslAuthenticate request carries the password in the clear, a Produce request the
+    # records' keys and values.
+    secured = listener(name)
+    relay = await make_role("relay")
+    await grant(database_url, relay.name, "relay")
+    secret = secured.password() or ""
+    key, marker = "agg-debug-7f3c", "payload-marker-9d2e"
+    topic = f"{topic_namespace}.order"
+    async with topics_with_acls(kafka_bootstrap, topic_namespace, [topic], secured.principal):
+        await db.execute(INSERT, "order", key, "order.placed", json.dumps({"m": marker}))
+        env = _relay_env(
+            relay.url,
+            secured,
+            tmp_path,
+            KAFKA_SASL_PASSWORD=secret,
+            KAFKA_SSL_CAFILE=ca_file(),
+            OUTBOX_RELAY_TOPIC_TEMPLATE=f"{topic_namespace}.{{aggregatetype}}",
+            OUTBOX_RELAY_LOG_LEVEL="debug",
+        )
+        service = Service(env)
+        services.append(service)
+        await wait_until(lambda: db.fetchval("SELECT count(*) = 1 FROM outbox_receipt"))
+        assert service.stop() == 0
+    everything = "\n".join(service.lines)
+    assert '"level":"debug"' in everything  # debug logging was on
+    assert secret and secret not in everything
+    assert key not in everything and marker not in everything
