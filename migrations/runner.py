@@ -276,9 +276,16 @@ async def apply(
     """Apply pending migrations in order; returns the ones applied (empty on a second run)."""
     await _acquire_lock(conn, lock_timeout)
     try:
-        await conn.execute(_CREATE_RECORD)
-        pending = _check_history(migrations, await _applied(conn))
-        await _require_ownership(conn, pending)
+        try:
+            await conn.execute(_CREATE_RECORD)
+            pending = _check_history(migrations, await _applied(conn))
+            await _require_ownership(conn, pending)
+        except asyncpg.PostgresError as exc:
+            # Before any migration ran; the server's message names schema objects only.
+            raise MigrationError(
+                f"migrate could not start: {exc.message} ({exc.sqlstate}); "
+                "run migrate as the schema owner"
+            ) from exc
         for migration in pending:
             if progress is not None:
                 progress(migration)

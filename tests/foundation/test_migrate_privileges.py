@@ -96,3 +96,29 @@ async def test_migrate_without_ownership_of_scoring_job_state_fails_in_one_line_
             assert "applied 5 migration(s)" in applied.stdout
         finally:
             await admin.close()
+
+
+async def test_migrate_as_a_role_that_may_not_create_in_the_schema_fails_in_one_line(
+    empty_database_url: str,
+) -> None:
+    # A plain login role (PostgreSQL 15 and later: no CREATE on public). The record of
+    # migrations is the first thing migrate creates, before any migration file runs.
+    password = secrets.token_hex(12)
+    async with login_role(empty_database_url, password) as migrator:
+        admin = await asyncpg.connect(empty_database_url)
+        try:
+            await admin.execute(f'REVOKE CREATE ON SCHEMA public FROM PUBLIC, "{migrator}"')
+            url = with_login(empty_database_url, migrator, quote(password, safe=""))
+            refused = await run_cli("migrate", "--database-url", url)
+            assert refused.code == 1, refused.output  # README: lacks a privilege → 1
+            line = assert_one_clean_error_line(refused, password)
+            assert "permission denied for schema public (42501)" in line, line
+            assert "schema owner" in line, line  # what to do about it
+            assert await admin.fetchval("SELECT to_regclass('outbox_relay_migration')") is None
+            # Already migrated by the owner: the role still may not run migrate.
+            assert (await run_cli("migrate", "--database-url", empty_database_url)).code == 0
+            again = await run_cli("migrate", "--database-url", url)
+            assert again.code == 1, again.output
+            assert "(42501)" in assert_one_clean_error_line(again, password)
+        finally:
+            await admin.close()
