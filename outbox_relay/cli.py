@@ -3,7 +3,8 @@
 Every flag is declared in :mod:`outbox_relay.options`. Exit codes: 0 success, 1 a runtime
 failure, 2 usage or configuration error (including an unreachable database for ``migrate``
 and ``redrive``, and an unmigrated one for ``redrive``); ``check`` and ``status`` use 0
-within bounds, 2 stalled, 3 unknown; ``status --watch`` runs until Ctrl-C and then exits 130.
+within bounds, 2 stalled, 3 unknown (a usage or configuration error included);
+``status --watch`` runs until Ctrl-C and then exits 130.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import NoReturn, cast
 
 from contracts import __version__
 from contracts.errors import (
@@ -52,10 +53,12 @@ _CLEAR = "\x1b[H\x1b[2J"
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and exit code 2."""
+    """argparse, but a usage error is one line and exit code 2 (3 for check and status)."""
+
+    usage_exit = EXIT_USAGE
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"outbox-relay: error: {message}\n")
+        self.exit(self.usage_exit, f"outbox-relay: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,19 +70,31 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
     for name, text in VERBS:
         # No abbreviations: `run --to x` must be refused, not read as --topic-template.
-        add_options(verbs.add_parser(name, help=text, allow_abbrev=False), name)
+        verb = cast(_Parser, verbs.add_parser(name, help=text, allow_abbrev=False))
+        verb.usage_exit = _usage_exit(name)
+        add_options(verb, name)
     return parser
+
+
+def _usage_exit(verb: str) -> int:
+    # check and status follow the monitoring-plugins convention, where invalid arguments
+    # are UNKNOWN: a monitor must not read a typo as "something stalled".
+    return EXIT_UNKNOWN if verb in (CHECK, STATUS) else EXIT_USAGE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one verb; returns the process exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unrecognized = parser.parse_known_args(argv)
+    usage_exit = _usage_exit(args.verb)
+    if unrecognized:  # found by the top-level parser, which does not know the verb's code
+        return _fail(usage_exit, f"unrecognized arguments: {' '.join(unrecognized)}")
     unknown_exit = EXIT_UNKNOWN if args.verb in (CHECK, STATUS) else EXIT_USAGE
     try:
         _configure_logging(resolve_logging(args))
         return asyncio.run(_run_verb(resolve(args)))
     except ConfigError as exc:
-        return _fail(EXIT_USAGE, str(exc))
+        return _fail(usage_exit, str(exc))
     except (DatabaseUnavailable, SchemaNotMigrated) as exc:
         return _fail(unknown_exit, str(exc))
     except MigrationError as exc:

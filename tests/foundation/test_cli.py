@@ -8,6 +8,8 @@ import socket
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import pytest
+
 from tests.foundation.support import (
     REPO,
     SHIPPED,
@@ -114,18 +116,36 @@ async def test_wrong_password_exits_2_with_authentication_failed(
     assert "authentication failed" in line
 
 
-async def test_check_with_a_missing_policy_file_exits_2(tmp_path: Path) -> None:
+# check and status follow the monitoring-plugins convention: invalid arguments are
+# UNKNOWN (3), so a monitor never reads a typo as "something stalled" (2).
+async def test_check_with_a_missing_policy_file_is_unknown_exit_3(tmp_path: Path) -> None:
     missing = str(tmp_path / "nowhere.toml")
     result = await run_cli("check", "--policy", missing, "--database-url", unreachable_url())
-    assert result.code == 2
+    assert result.code == 3
     assert "nowhere.toml" in assert_one_clean_error_line(result, SECRET)
     assert result.stdout == ""
 
 
-async def test_check_without_a_policy_exits_2() -> None:
+async def test_check_without_a_policy_is_unknown_exit_3() -> None:
     result = await run_cli("check", "--database-url", unreachable_url())
-    assert result.code == 2
+    assert result.code == 3
     assert "--policy" in assert_one_clean_error_line(result, SECRET)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["check", "--policy", POLICY, "--kafka-bootstrap", "127.0.0.1:9"],  # not check's flag
+        ["status", "--policy", POLICY, "--watch", "--interval-ms", "soon"],  # not an integer
+        ["status", "--policy", POLICY, "--receipt-retention-ms", "0"],  # out of range
+        ["check", "--policy", POLICY, "--database-url", "mysql://x"],  # not a PostgreSQL URL
+    ],
+)
+async def test_check_and_status_exit_3_on_any_usage_error(argv: list[str]) -> None:
+    result = await run_cli(*argv)
+    assert result.code == 3, result
+    assert_one_clean_error_line(result)
+    assert result.stdout == ""
 
 
 async def test_check_with_an_unreachable_database_is_unknown_exit_3() -> None:

@@ -243,12 +243,17 @@ def configurations(draw: st.DrawFn) -> tuple[list[str], dict[str, str]]:
     return argv, environ
 
 
-def assert_exit_2_on_one_line_or_usable(outcome: Outcome) -> None:
+def usage_exit(argv: list[str]) -> int:
+    """2, or 3 for check and status (monitoring-plugins: invalid arguments are UNKNOWN)."""
+    return 3 if argv[:1] in (["check"], ["status"]) else 2
+
+
+def assert_exit_2_on_one_line_or_usable(outcome: Outcome, argv: list[str]) -> None:
     if outcome.code == 0:
         assert len(outcome.settings) == 1
         assert_usable(outcome.settings[0])
         return
-    assert outcome.code == 2, outcome
+    assert outcome.code == usage_exit(argv), outcome
     lines = outcome.stderr.splitlines()
     assert len(lines) == 1, outcome.stderr
     assert lines[0].startswith("outbox-relay: error: "), outcome.stderr
@@ -278,7 +283,7 @@ def test_configuration_exits_2_on_one_line_or_is_usable(
     configuration: tuple[list[str], dict[str, str]],
 ) -> None:
     argv, environ = configuration
-    assert_exit_2_on_one_line_or_usable(run_in_process(argv, environ))
+    assert_exit_2_on_one_line_or_usable(run_in_process(argv, environ), argv)
 
 
 RUN_WITHOUT_LISTEN = ["run", "--policy", POLICY, "--kafka-bootstrap", "127.0.0.1:9"]
@@ -301,6 +306,6 @@ async def test_bad_configuration_in_a_real_process_exits_2(
 ) -> None:
     # Every case is refused before anything listens or connects, so none can hang.
     result = await run_cli(*argv, env=cli_env(**environ), timeout=60)
-    assert result.code == 2, result
+    assert result.code == usage_exit(argv), result
     assert "Traceback" not in result.output
     assert_one_clean_error_line(result)
