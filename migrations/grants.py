@@ -98,8 +98,9 @@ TABLES: Final[Mapping[str, Mapping[str, Access]]] = {
         WRITER: _access("SELECT", update=_JOB_TRANSITION_COLUMNS),
         SIDECAR: _access("SELECT"),
     },
-    # Read and written by `migrate` only, which runs as the schema owner.
-    "outbox_relay_migration": {},
+    # Written by `migrate` only, which runs as the schema owner. `redrive` reads it to
+    # refuse a schema that is not migrated before it changes anything.
+    "outbox_relay_migration": {RELAY: _access("SELECT")},
 }
 
 # sequence → part → privileges. The outbox's identity sequence: an insert draws from it

@@ -36,6 +36,7 @@ RELAY = {
     "relay_lane": "SELECT, UPDATE(fence, lease_expires_at, owner_id)",
     "relay_instance": "SELECT, INSERT, DELETE, "
     "UPDATE(heartbeat_at, last_publish_at, published_total)",
+    "outbox_relay_migration": "SELECT",
     "sequence outbox_seq_seq": "SELECT",
 }
 

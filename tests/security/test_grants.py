@@ -208,9 +208,10 @@ def test_cli_unmigrated_database_is_one_line_and_exit_2(empty_database_url: str)
 async def test_a_missing_grant_is_one_line_naming_it(
     database_url: str, make_role: MakeRole
 ) -> None:
-    # Only migrate reads the migration record: any other role is refused, and must be told so.
-    role = await make_role("relay")
-    await grant(database_url, role.name, "relay")
+    # Only migrate and the relay's redrive read the migration record: any other role is
+    # refused, and must be told so.
+    role = await make_role("sidecar")
+    await grant(database_url, role.name, "sidecar")
     done = run_cli("migrate", "--verify", "--database-url", role.url)
     assert done.returncode in (1, 2)
     (line,) = done.stderr.splitlines()

@@ -22,7 +22,7 @@ from tests.health.conftest import RECEIPT_RETENTION_MS, loose_policy, relay_poli
 from tests.relay.harness import INSERT, consume, fast_config, running_relay, wait_until
 from tests.security.conftest import MakeRole
 from tests.security.kafka_acl import environment_without_secrets
-from tests.security.process import Service, policy_file
+from tests.security.process import Service, policy_file, run_cli
 from tests.security.roles import grant
 
 DENIED = asyncpg.InsufficientPrivilegeError
@@ -113,6 +113,17 @@ async def test_redrive_runs_under_the_relays_role(
         assert await redrive(conn, RedriveFilter(ids=[event_id])) == 1
     finally:
         await conn.close()
+    assert await db.fetchval("SELECT quarantined_at IS NULL FROM outbox WHERE id = $1", event_id)
+
+    # And as operators run it: the command checks the schema is migrated first.
+    await db.execute("UPDATE outbox SET quarantined_at = clock_timestamp() WHERE id = $1", event_id)
+    env = environment_without_secrets()
+    dry = run_cli("redrive", "--database-url", relay.url, "--all", "--dry-run", env=env)
+    assert dry.returncode == 0, dry.stderr
+    assert "would return 1 quarantined event(s)" in dry.stdout
+    done = run_cli("redrive", "--database-url", relay.url, "--id", str(event_id), env=env)
+    assert done.returncode == 0, done.stderr
+    assert "returned 1 quarantined event(s)" in done.stdout
     assert await db.fetchval("SELECT quarantined_at IS NULL FROM outbox WHERE id = $1", event_id)
 
 
