@@ -14,7 +14,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn, cast
+from typing import NoReturn
 
 from contracts import __version__
 from contracts.errors import (
@@ -70,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
     for name, text in VERBS:
         # No abbreviations: `run --to x` must be refused, not read as --topic-template.
-        verb = cast(_Parser, verbs.add_parser(name, help=text, allow_abbrev=False))
+        verb = verbs.add_parser(name, help=text, allow_abbrev=False)
         verb.usage_exit = _usage_exit(name)
         add_options(verb, name)
     return parser
@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown_exit = EXIT_UNKNOWN if args.verb in (CHECK, STATUS) else EXIT_USAGE
     try:
         _configure_logging(resolve_logging(args))
-        return asyncio.run(_run_verb(resolve(args)))
+        return _run(resolve(args))
     except ConfigError as exc:
         return _fail(usage_exit, str(exc))
     except (DatabaseUnavailable, SchemaNotMigrated) as exc:
@@ -103,6 +103,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(EXIT_FAILURE, str(exc))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def _run(settings: Settings) -> int:
+    try:
+        return asyncio.run(_run_verb(settings))
+    except BaseExceptionGroup as group:
+        # A task group's failure: a configuration error inside it is still one line.
+        refused: BaseException | None = group.subgroup(ConfigError)
+        while isinstance(refused, BaseExceptionGroup):
+            refused = refused.exceptions[0]
+        if refused is None:
+            raise
+        raise refused from None
 
 
 def _configure_logging(settings: LogSettings) -> None:

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, fields
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from contracts.errors import ConfigError
 from health.families.completion_tracker import RECHECK_PERIOD_MS
@@ -34,7 +34,7 @@ from outbox_relay.settings import (
     SidecarOptions,
 )
 from pgconnect import POOLERS, TRANSACTION_POOLER, validate_database_url
-from relay.config import KafkaSecurity, RelayConfig, new_instance_id
+from relay.config import KafkaSecurity, RelayConfig, new_instance_id, require_utf8
 from relay.redrive import RedriveFilter
 
 MIGRATE, RUN, CHECK, STATUS, REDRIVE, DEMO = "migrate", "run", "check", "status", "redrive", "demo"
@@ -57,6 +57,7 @@ SIDECAR_VERBS = frozenset({RUN, DEMO})
 HEALTH_VERBS = frozenset({RUN, CHECK, STATUS, DEMO})
 
 Environ = Mapping[str, str]
+_T = TypeVar("_T")
 
 
 def _defaults_of(config_type: type[Any]) -> dict[str, Any]:
@@ -112,15 +113,28 @@ class Option:
     def given(self, args: argparse.Namespace) -> Any:
         """The flag's value, or None when it was not given (an empty value counts as not given)."""
         value = vars(args)[self.dest]
-        return None if value in (None, "") else value
+        if value in (None, ""):
+            return None
+        for text in value if isinstance(value, list) else (value,):
+            _require_utf8(self.flag, text)
+        return value
 
     def from_env(self, environ: Environ) -> str | None:
         """The variable's text, or None when it is unset or empty."""
-        return (environ.get(self.env) or None) if self.env else None
+        value = (environ.get(self.env) or None) if self.env else None
+        return _require_utf8(self.env or self.flag, value)
 
     def fallback(self, environ: Environ) -> str | None:
         """The fallback variable's text, or None when it is unset or empty."""
-        return (environ.get(self.fallback_env) or None) if self.fallback_env else None
+        value = (environ.get(self.fallback_env) or None) if self.fallback_env else None
+        return _require_utf8(self.fallback_env or self.flag, value)
+
+
+def _require_utf8(name: str, value: _T) -> _T:
+    """``value`` itself, once :func:`relay.config.require_utf8` found it UTF-8 text."""
+    if isinstance(value, str):
+        require_utf8((name, value))
+    return value
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,7 +160,12 @@ class Text(Option):
     def explicit(self, args: argparse.Namespace, environ: Environ) -> str | None:
         """The flag, else the variable; None when neither is given."""
         given = self.given(args)
-        return str(given) if given is not None else self.from_env(environ)
+        if given is not None:
+            return str(given)  # argparse checked the choices
+        value = self.from_env(environ)
+        if value is not None and self.choices and value not in self.choices:
+            raise ConfigError(f"{self.env} must be one of {', '.join(self.choices)}")
+        return value
 
     def value(self, args: argparse.Namespace, environ: Environ) -> str | None:
         """The flag, else the variable, else the default."""
@@ -161,11 +180,19 @@ class Text(Option):
         return value
 
 
+# Larger settings are typos, and would overflow bigint limits and interval arithmetic.
+MAX_SETTING = 10**15
+# PostgreSQL integer (int4): retry delays and the attempt budget are bound as one.
+INT4_MAX = 2**31 - 1
+
+
 @dataclass(frozen=True, kw_only=True)
 class Integer(Option):
-    """A flag with an integer value and a default."""
+    """A flag with an integer value, a default and a range (positive unless ``minimum`` is 0)."""
 
     default: int
+    minimum: int = 1
+    maximum: int = MAX_SETTING
 
     @property
     def default_value(self) -> object:
@@ -177,17 +204,27 @@ class Integer(Option):
         container.add_argument(self.flag, type=int, default=None, help=self.help_text())
 
     def value(self, args: argparse.Namespace, environ: Environ) -> int:
-        """The flag (argparse checked it), else the variable, else the default."""
+        """The flag (argparse checked it is an integer), else the variable, else the
+        default; a :class:`ConfigError` when it is out of range."""
         given = self.given(args)
         if given is not None:
-            return int(given)
+            return self._in_range(self.flag, int(given))
         raw = self.from_env(environ)
         if raw is None:
             return self.default
         try:
-            return int(raw)
+            number = int(raw)
         except ValueError:
             raise ConfigError(f"{self.env} must be an integer") from None
+        return self._in_range(f"{self.env}", number)
+
+    def _in_range(self, name: str, number: int) -> int:
+        if number < self.minimum:
+            rule = "a positive integer" if self.minimum == 1 else f"at least {self.minimum}"
+            raise ConfigError(f"{name} must be {rule}, got {number}")
+        if number > self.maximum:
+            raise ConfigError(f"{name} must be at most {self.maximum}, got {number}")
+        return number
 
 
 _TRUE = frozenset({"1", "true", "yes"})
@@ -225,10 +262,21 @@ _relay_text = partial(Text, verbs=RELAY_VERBS, group="relay")
 _relay_switch = partial(Switch, verbs=RELAY_VERBS, group="relay")
 
 
-def _relay_int(flag: str, env: str, help: str) -> Integer:
+def _relay_int(
+    flag: str, env: str, help: str, *, minimum: int = 1, maximum: int = MAX_SETTING
+) -> Integer:
     """A relay tuning flag whose default is the RelayConfig field of the same name."""
     default = _RELAY[_dest(flag)]
-    return Integer(flag=flag, env=env, help=help, verbs=RELAY_VERBS, group="relay", default=default)
+    return Integer(
+        flag=flag,
+        env=env,
+        help=help,
+        verbs=RELAY_VERBS,
+        group="relay",
+        default=default,
+        minimum=minimum,
+        maximum=maximum,
+    )
 
 
 # -- the declaration ---------------------------------------------------------------------------
@@ -342,20 +390,28 @@ RELAY_TUNING: tuple[Integer, ...] = (
     ),
     _relay_int("--poll-interval-ms", "OUTBOX_RELAY_POLL_INTERVAL_MS", "poll without NOTIFY"),
     _relay_int(
-        "--max-attempts", "OUTBOX_RELAY_MAX_ATTEMPTS", "permanent failures before quarantine"
+        "--max-attempts",
+        "OUTBOX_RELAY_MAX_ATTEMPTS",
+        "permanent failures before quarantine",
+        maximum=INT4_MAX,
     ),
-    _relay_int("--retry-base-ms", "OUTBOX_RELAY_RETRY_BASE_MS", "first retry delay"),
-    _relay_int("--retry-cap-ms", "OUTBOX_RELAY_RETRY_CAP_MS", "longest retry delay"),
+    _relay_int(
+        "--retry-base-ms", "OUTBOX_RELAY_RETRY_BASE_MS", "first retry delay", maximum=INT4_MAX
+    ),
+    _relay_int(
+        "--retry-cap-ms", "OUTBOX_RELAY_RETRY_CAP_MS", "longest retry delay", maximum=INT4_MAX
+    ),
     _relay_int("--lease-ttl-ms", "OUTBOX_RELAY_LEASE_TTL_MS", "lane lease lifetime"),
     _relay_int("--lease-renew-ms", "OUTBOX_RELAY_LEASE_RENEW_MS", "lane lease renewal"),
     _relay_int("--send-timeout-ms", "OUTBOX_RELAY_SEND_TIMEOUT_MS", "Kafka acknowledgement wait"),
     _relay_int("--prune-batch-size", "OUTBOX_RELAY_PRUNE_BATCH_SIZE", "receipts pruned at once"),
     _relay_int("--drain-timeout-ms", "OUTBOX_RELAY_DRAIN_TIMEOUT_MS", "in-flight wait on shutdown"),
-    _relay_int("--linger-ms", "OUTBOX_RELAY_LINGER_MS", "producer batching delay"),
+    _relay_int("--linger-ms", "OUTBOX_RELAY_LINGER_MS", "producer batching delay", minimum=0),
     _relay_int(
         "--blocking-transaction-warn-ms",
         "OUTBOX_RELAY_BLOCKING_TRANSACTION_WARN_MS",
         "log an open outbox writer older than this",
+        minimum=0,
     ),
 )
 POLICY = Text(
@@ -400,6 +456,7 @@ COMPLETION_RECHECK_PERIOD = Integer(
     flag="--completion-recheck-period-ms",
     env="OUTBOX_RELAY_COMPLETION_RECHECK_PERIOD_MS",
     default=RECHECK_PERIOD_MS,
+    minimum=0,
     verbs=SIDECAR_VERBS,
     help="the running sidecar re-reads its whole completion look-back once per this period "
     "(0: every evaluation)",
@@ -650,13 +707,15 @@ def _grant(args: argparse.Namespace, environ: Environ) -> GrantSettings:
 
 
 def _health_report(args: argparse.Namespace, environ: Environ) -> HealthReportSettings:
+    # Checked even without --watch: a value that is wrong is refused, never ignored.
+    interval_ms = WATCH_INTERVAL.value(args, environ) if args.verb == STATUS else None
     return HealthReportSettings(
         policy=load_policy(POLICY.required(args, environ)),
         database_url=_database_url(args, environ),
         receipt_retention_ms=RECEIPT_RETENTION.value(args, environ),
         table=args.verb == STATUS,
         transaction_pooler=_transaction_pooler(args, environ),
-        watch_interval_ms=WATCH_INTERVAL.value(args, environ)
+        watch_interval_ms=interval_ms
         if args.verb == STATUS and WATCH.value(args, environ)
         else None,
     )
@@ -668,6 +727,10 @@ def _service(args: argparse.Namespace, environ: Environ) -> ServiceSettings:
     database_url = _database_url(args, environ)
     retention = RECEIPT_RETENTION.value(args, environ)
     sidecar_alone = args.verb == RUN and NO_RELAY.value(args, environ)
+    if sidecar_alone:
+        # Unused without the relay, but a value that is wrong is refused, never ignored.
+        for option in RELAY_TUNING:
+            option.value(args, environ)
     demo = None
     if args.verb == DEMO:
         if _transaction_pooler(args, environ):
@@ -756,3 +819,5 @@ def _sasl_password(args: argparse.Namespace, environ: Environ) -> str | None:
             return handle.read().strip()
     except OSError as exc:
         raise ConfigError("--kafka-sasl-password-file could not be read") from exc
+    except UnicodeDecodeError:
+        raise ConfigError("--kafka-sasl-password-file is not UTF-8 text") from None

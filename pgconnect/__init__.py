@@ -63,7 +63,30 @@ def validate_database_url(url: str | None) -> str | None:
         raise ConfigError(_NOT_A_URL) from exc
     if port is not None and not 0 < port < 65536:
         raise ConfigError("--database-url has a port outside 1-65535")
+    for name, values in parse_qs(urlsplit(url).query).items():
+        allowed = _QUERY_CHOICES.get(name)
+        if allowed is not None and any(value not in allowed for value in values):
+            raise ConfigError(f"--database-url: {name} must be one of {', '.join(allowed)}")
     return url
+
+
+# The URL parameters whose value the driver checks against a list when it connects: a bad
+# one would fail every attempt, so it is refused when the settings are read (the value is
+# not echoed: the message names the parameter only).
+_QUERY_CHOICES: Mapping[str, tuple[str, ...]] = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "target_session_attrs": (
+        "any",
+        "primary",
+        "standby",
+        "prefer-standby",
+        "read-write",
+        "read-only",
+    ),
+    "gsslib": ("gssapi", "sspi"),
+    "ssl_min_protocol_version": ("TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"),
+    "ssl_max_protocol_version": ("TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"),
+}
 
 
 def describe_target(url: str | None) -> str:
@@ -188,10 +211,18 @@ async def _no_session_to_reset(conn: asyncpg.Connection) -> None:
     """Release a pooled connection as it is: it holds no session state of ours."""
 
 
+_DRIVER_REFUSED = (
+    "the database driver refused a connection setting of --database-url or the PG* "
+    "variables (a URL parameter's value, a certificate file)"
+)
+
+
 async def connect(url: str | None, *, timeout: float = 10.0, **kwargs: Any) -> asyncpg.Connection:
     """Open one connection; failures become :class:`DatabaseUnavailable` with a safe message."""
     try:
         return await asyncpg.connect(url, timeout=timeout, **kwargs)
+    except asyncpg.ClientConfigurationError as exc:  # a setting the driver refuses
+        raise ConfigError(_DRIVER_REFUSED) from exc
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise DatabaseUnavailable(
             f"cannot connect to {describe_target(url)}: {unavailable_cause(exc)}"
@@ -208,6 +239,8 @@ async def create_pool(
         pool: asyncpg.Pool = await asyncpg.create_pool(
             url, min_size=min_size, max_size=max_size, timeout=timeout, **kwargs
         )
+    except asyncpg.ClientConfigurationError as exc:
+        raise ConfigError(_DRIVER_REFUSED) from exc
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise DatabaseUnavailable(
             f"cannot connect to {describe_target(url)}: {unavailable_cause(exc)}"

@@ -46,7 +46,7 @@ class KafkaSecurity:
     ssl_keyfile: str | None = None
 
     def __post_init__(self) -> None:
-        _require_utf8(
+        require_utf8(
             ("--kafka-sasl-username", self.sasl_username),
             ("the SASL password", self.sasl_password),
         )
@@ -54,6 +54,9 @@ class KafkaSecurity:
             raise ConfigError(
                 f"--kafka-security-protocol must be one of {', '.join(sorted(_SECURITY_PROTOCOLS))}"
             )
+        if self.ssl_keyfile and not self.ssl_certfile:
+            raise ConfigError("--kafka-ssl-keyfile needs --kafka-ssl-certfile, the certificate")
+        self.ssl_context()  # files that cannot be loaded are refused now, not at each connect
         if self.protocol.startswith("SASL"):
             if self.sasl_mechanism not in _SASL_MECHANISMS:
                 raise ConfigError(
@@ -126,7 +129,7 @@ class RelayConfig:
     transaction_pooler: bool = False
 
     def __post_init__(self) -> None:
-        _require_utf8(
+        require_utf8(
             ("--kafka-bootstrap", self.kafka_bootstrap),
             ("--ce-source", self.ce_source),
             ("--instance-id", self.instance_id),
@@ -134,6 +137,7 @@ class RelayConfig:
         validate_topic_template(self.topic_template)
         if not self.kafka_bootstrap:
             raise ConfigError("--kafka-bootstrap (KAFKA_BOOTSTRAP_SERVERS) is required")
+        validate_bootstrap(self.kafka_bootstrap)
         positive = {
             "--batch-size": self.batch_size,
             "--max-in-flight-batches": self.max_in_flight_batches,
@@ -179,7 +183,7 @@ class RelayConfig:
             raise ConfigError("--compression must be one of gzip, snappy, lz4, zstd")
 
 
-def _require_utf8(*settings: tuple[str, str | None]) -> None:
+def require_utf8(*settings: tuple[str, str | None]) -> None:
     """Refuse text that is not UTF-8 (argv or environment bytes Python kept as surrogates):
     it is sent to PostgreSQL, to the broker or in every record, and could not be encoded."""
     for name, value in settings:
@@ -188,6 +192,19 @@ def _require_utf8(*settings: tuple[str, str | None]) -> None:
                 value.encode()
             except UnicodeEncodeError:
                 raise ConfigError(f"{name} is not UTF-8 text") from None
+
+
+def validate_bootstrap(servers: str) -> None:
+    """``host:port[,host:port…]`` (``[v6]:port`` too), every port 1-65535."""
+    for server in servers.split(","):
+        host, separator, port = server.strip().rpartition(":")
+        if not separator or not host.strip("[]") or not (port.isascii() and port.isdigit()):
+            raise ConfigError(
+                "--kafka-bootstrap must be host:port[,host:port…], "
+                f"got {server.strip() or 'an empty entry'!r}"
+            )
+        if not 0 < int(port) < 65536:
+            raise ConfigError(f"--kafka-bootstrap has a port outside 1-65535: {int(port)}")
 
 
 def validate_topic_template(template: str) -> None:

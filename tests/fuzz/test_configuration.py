@@ -16,6 +16,7 @@ import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -299,6 +300,27 @@ RUN_WITHOUT_LISTEN = ["run", "--policy", POLICY, "--kafka-bootstrap", "127.0.0.1
         ([*RUN_WITHOUT_LISTEN, "--topic-template", "events/{aggregatetype}"], {}),
         (["check", "--policy", POLICY, "--receipt-retention-ms", "0"], {}),
         ([*RUN_WITHOUT_LISTEN, "--ce-source=" + os.fsdecode(b"urn:\xff")], {}),
+        # Each of these was accepted, then retried for ever or failed at run time.
+        (["run", "--policy", POLICY, "--kafka-bootstrap", "host:abc"], {}),
+        (["run", "--policy", POLICY, "--kafka-bootstrap", "127.0.0.1:99999"], {}),
+        (["run", "--policy", POLICY, "--kafka-bootstrap", ","], {}),
+        (["run", "--policy", POLICY, "--kafka-bootstrap", "127.0.0.1:9,:9092"], {}),
+        ([*RUN_WITHOUT_LISTEN, "--kafka-security-protocol", "SSL"], {"KAFKA_SSL_CAFILE": "/no"}),
+        ([*RUN_WITHOUT_LISTEN, "--kafka-security-protocol", "SSL"], {"KAFKA_SSL_CAFILE": POLICY}),
+        ([*RUN_WITHOUT_LISTEN, "--kafka-ssl-keyfile", POLICY], {}),
+        (RUN_WITHOUT_LISTEN, {"DATABASE_URL": "postgresql://u:pw@127.0.0.1/db?sslmode=bogus"}),
+        (["migrate"], {"DATABASE_URL": "postgresql://u:pw@127.0.0.1/db?sslmode=bogus"}),
+        (["check", "--policy", POLICY], {"DATABASE_URL": "postgresql://h/db?sslmode=bogus"}),
+        (["migrate"], {"DATABASE_URL": "postgresql://h/db?target_session_attrs=bogus"}),
+        ([*RUN_WITHOUT_LISTEN, "--database-retry-max-ms", "0"], {}),
+        ([*RUN_WITHOUT_LISTEN, "--http-max-connections", str(10**20)], {}),
+        ([*RUN_WITHOUT_LISTEN, "--no-relay", "--batch-size", "-1"], {}),
+        (RUN_WITHOUT_LISTEN, {"OUTBOX_RELAY_LOG_FORMAT": "xml"}),
+        (["status", "--policy", POLICY, "--interval-ms", "-5"], {}),
+        (["demo", "--policy", POLICY, "--kafka-bootstrap", "127.0.0.1:9", "--jobs", "1e3"], {}),
+        (["demo", "--policy", POLICY, "--kafka-bootstrap", "127.0.0.1:9", "--rate", "0"], {}),
+        (["redrive", "--type", os.fsdecode(b"\xff"), "--dry-run"], {}),
+        (["grant", "--to", os.fsdecode(b"\xff"), "--as", "relay"], {}),
     ],
 )
 async def test_bad_configuration_in_a_real_process_exits_2(
@@ -309,3 +331,26 @@ async def test_bad_configuration_in_a_real_process_exits_2(
     assert result.code == usage_exit(argv), result
     assert "Traceback" not in result.output
     assert_one_clean_error_line(result)
+
+
+async def test_a_kafka_password_file_that_is_not_utf8_exits_2_on_one_line(
+    tmp_path: Path,
+) -> None:
+    password_file = tmp_path / "password"
+    password_file.write_bytes(b"\xff\xfe")
+    argv = [
+        *RUN_WITHOUT_LISTEN,
+        "--kafka-security-protocol=SASL_SSL",
+        "--kafka-sasl-mechanism=PLAIN",
+        "--kafka-sasl-username=relay",
+        f"--kafka-sasl-password-file={password_file}",
+    ]
+    result = await run_cli(*argv, env=cli_env(), timeout=60)
+    assert result.code == 2, result
+    assert "not UTF-8" in assert_one_clean_error_line(result)
+
+
+async def test_the_largest_attempt_budget_is_named_in_the_message() -> None:
+    result = await run_cli(*RUN_WITHOUT_LISTEN, f"--max-attempts={10**16}", env=cli_env())
+    assert result.code == 2, result
+    assert "at most 2147483647" in assert_one_clean_error_line(result)
