@@ -46,6 +46,7 @@ from relay.producer import ProducerFactory, ProducerKeeper, make_producer
 from relay.publisher import Submission
 from relay.records import KafkaRecord, OutboxRow, RecordMapper, RecordRejected
 from relay.retry import LANE_LOST, NOT_BROKER_FAILURES, backoff_ms
+from relay.stopping import Stopped, unless_stopped
 from relay.store import RelayStore, create_relay_pool
 from relay.wakeups import NotificationListener, WakeUp, listen_plan
 
@@ -265,15 +266,22 @@ class Relay:
 
     async def _connect(self, stop: anyio.Event) -> asyncpg.Pool | None:
         """The relay's pool, waiting for the database with capped back-off (an orchestrator
-        restarting us would only back off longer); None if ``stop`` came first. Logs each
-        change of state once. A malformed URL (ConfigError) is not retried."""
+        restarting us would only back off longer); None if ``stop`` came first, also in
+        the middle of an attempt. Logs each change of state once. A malformed URL
+        (ConfigError) is not retried."""
         attempt = 0
         last_cause = ""
         while not stop.is_set():
+            connecting = partial(
+                create_relay_pool,
+                self.config.database_url,
+                transaction_pooler=self.config.transaction_pooler,
+            )
             try:
-                pool = await create_relay_pool(
-                    self.config.database_url, transaction_pooler=self.config.transaction_pooler
-                )
+                # A stop ends the attempt at once: on a stalled path it waits 10 s.
+                pool = await unless_stopped(stop, connecting)
+            except Stopped:
+                return None
             except DatabaseUnavailable as exc:
                 if str(exc) != last_cause:
                     last_cause = str(exc)

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable, Container
+from functools import partial
 
 import anyio
 from aiokafka import AIOKafkaProducer
@@ -17,6 +18,7 @@ from relay.producer_reset import ProducerReset, ProducerWasReset
 from relay.publisher import BatchPublisher, Submission
 from relay.records import KafkaRecord
 from relay.retry import backoff_ms, classify_failure
+from relay.stopping import Stopped, unless_stopped
 from relay.topics import MAX_BATCH_BYTES, TopicCatalog
 
 log = logging.getLogger(__name__)
@@ -85,23 +87,32 @@ class ProducerKeeper:
             self.failure_streak = 0
 
     async def start(self, stop: anyio.Event) -> bool:
-        """Start a producer, retrying with backoff; False if ``stop`` came first."""
+        """Start a producer, retrying with backoff; False if ``stop`` came first, also in
+        the middle of an attempt or of the bootstrap check after one."""
         attempt = 0
         last_cause = ""
         while not stop.is_set():
             producer = self._factory(self._config)
             try:
-                await producer.start()
+                # A stop ends the start at once: on a stalled path it would wait out its
+                # request timeout first.
+                await unless_stopped(stop, producer.start)
             except BaseException as exc:
-                # Also when cancelled mid-start (a stop): its bootstrap connections close.
+                # Also when stopped or cancelled mid-start: its bootstrap connections close.
                 with anyio.CancelScope(shield=True):
                     await producer.stop()
+                if isinstance(exc, Stopped):
+                    return False
                 if not isinstance(exc, Exception):
                     raise
                 failure = classify_failure(exc)
                 delay = backoff_ms(attempt, base_ms=500, cap_ms=10_000, rng=self._rng)
-                # The producer's error has no cause: name it from a connection of our own.
-                cause = await bootstrap_failure(self._config)
+                # The producer's error has no cause: name it from a connection of our own
+                # (10 s at most on a stalled path; a stop ends it at once, unlogged).
+                try:
+                    cause = await unless_stopped(stop, partial(bootstrap_failure, self._config))
+                except Stopped:
+                    return False
                 # One line per change of cause, not one per retry.
                 log.log(
                     logging.DEBUG if cause == last_cause else logging.WARNING,

@@ -160,17 +160,28 @@ class NotificationListener:
         self._rng = rng
 
     async def run(self) -> None:
-        """Listen until cancelled; a lost connection is reconnected with backoff."""
+        """Listen until cancelled; a lost connection is reconnected with backoff.
+
+        Each change of state is logged once, not every retry: the connection failing (and
+        again only when its cause changes), lost, and listening again after either.
+        """
         attempt = 0
         # One round: a poll interval of waiting, then a keepalive (5 s at most) or a
         # reconnect (10 s connect timeout plus backoff).
         round_ms = self._poll_interval_ms + 15_000
+        # Why the relay is not listening now, as last logged; None while it listens (and
+        # before the first attempt).
+        down_because: str | None = None
         while True:
             self._liveness.tick("listen", round_ms)
             try:
                 conn = await connect(self._database_url)
             except Exception as exc:
-                log.warning("listen connection failed", extra={"cause": str(exc)})
+                # DatabaseUnavailable and ConfigError name no secret and no driver text.
+                cause = str(exc)
+                if cause != down_because:
+                    log.warning("listen connection failed", extra={"cause": cause})
+                    down_because = cause
                 attempt += 1
                 await anyio.sleep(
                     backoff_ms(attempt, base_ms=200, cap_ms=5_000, rng=self._rng) / 1000
@@ -179,6 +190,9 @@ class NotificationListener:
             try:
                 await conn.add_listener(sql.LISTEN_CHANNEL, self._on_notify)
                 attempt = 0
+                if down_because is not None:
+                    log.info("listen connection reachable again")
+                    down_because = None
                 # Anything committed while we were not listening, anywhere in the outbox.
                 self._wake.request_full_pass()
                 while True:
@@ -188,7 +202,10 @@ class NotificationListener:
                     self._liveness.tick("listen", round_ms)
             except DB_ERRORS as exc:
                 # A closed connection (ConnectionDoesNotExistError) is a PostgresError.
-                log.warning("listen connection lost", extra={"cause": unavailable_cause(exc)})
+                cause = unavailable_cause(exc)
+                if down_because is None:
+                    log.warning("listen connection lost", extra={"cause": cause})
+                down_because = f"lost: {cause}"
             finally:
                 conn.terminate()
 
