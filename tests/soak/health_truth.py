@@ -9,7 +9,10 @@ faults say it should have said.
   ``/health`` counts against it);
 - ``/livez`` answers 200 in every sample of a relay that was neither killed nor stopped;
 - the recovery time of a fault is from its end to the first sample with every family
-  within bounds.
+  within bounds, and it is at most the recovery allowance: a fault after which health
+  never came back, or came back later, is broken. Only when the samples end inside a
+  fault's allowance is its recovery not judged, and the verdict says so (``unjudged``);
+  the soak's load runs on past every fault's allowance, so in a soak that does not happen.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class HealthVerdict:
     recovery_s: list[float | None] = field(default_factory=list)
     seen_expected: list[list[str]] = field(default_factory=list)
     off_bounds_outside: Counter[str] = field(default_factory=Counter)
+    unjudged: list[str] = field(default_factory=list)  # recovery windows past the samples
 
     @property
     def passed(self) -> bool:
@@ -53,6 +57,39 @@ class HealthVerdict:
 
 def in_fault(t: float, faults: Sequence[Fault], recovery_s: float = RECOVERY_S) -> bool:
     return any(f.start <= t <= f.end + recovery_s for f in faults)
+
+
+def _judge_recovery(
+    verdict: HealthVerdict,
+    name: str,
+    fault: Fault,
+    recovered: float | None,
+    sampled_until: float | None,
+    recovery_s: float,
+) -> None:
+    """Broken when health came back later than ``recovery_s`` after the fault's end, or not
+    at all while the samples reach past that; unjudged when they end before it."""
+    if recovered is not None:
+        if recovered > recovery_s:
+            verdict.broken.append(
+                f"{name}: every family within bounds again only {recovered:.1f} s after "
+                f"its end (allowed {recovery_s:.0f})"
+            )
+        return
+    if sampled_until is None or sampled_until < fault.end + recovery_s:
+        reach = (
+            "no samples"
+            if sampled_until is None
+            else (f"the samples end {sampled_until - fault.end:.1f} s after its end")
+        )
+        verdict.unjudged.append(
+            f"{name}: recovery not judged, {reach}, inside the {recovery_s:.0f} s allowed"
+        )
+        return
+    verdict.broken.append(
+        f"{name}: never every family within bounds again after its end "
+        f"(samples until {sampled_until:.0f}s, allowed {recovery_s:.0f} s)"
+    )
 
 
 def judge(
@@ -66,7 +103,9 @@ def judge(
 ) -> HealthVerdict:
     """Every expectation of the module docstring, with one line per broken one."""
     verdict = HealthVerdict()
+    sampled_until = max((s.t for s in samples), default=None)
     for number, fault in enumerate(faults):
+        name = f"fault {number} {fault.kind.value} at {fault.start:.0f}s"
         seen = []
         during = [s for s in samples if fault.start <= s.t <= fault.end + detect_s]
         for expected in EXPECTED.get(fault.kind, ()):
@@ -80,8 +119,7 @@ def judge(
                 seen.append(f"{expected.family}={expected.classification}")
             else:
                 verdict.broken.append(
-                    f"fault {number} {fault.kind.value} at {fault.start:.0f}s: "
-                    f"{expected.family} never {expected.classification} "
+                    f"{name}: {expected.family} never {expected.classification} "
                     f"with '{expected.reason}'"
                 )
         verdict.seen_expected.append(seen)
@@ -96,6 +134,7 @@ def judge(
             None,
         )
         verdict.recovery_s.append(recovered)
+        _judge_recovery(verdict, name, fault, recovered, sampled_until, recovery_s)
 
     first_outside: dict[str, str] = {}
     for s in samples:

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tests.soak.schedule import FAMILIES, RECOVERY_S
+from tests.soak.schedule import FAMILIES, MIN_SHARE, RECOVERY_S
 
 if TYPE_CHECKING:
     from tests.soak.run import SoakResult
@@ -22,9 +22,15 @@ def summary_lines(r: SoakResult) -> list[str]:
     """The summary as plain lines: what a run proved, with its seed and commit."""
     a = r.audit
     recoveries = [x for x in r.health.recovery_s if x is not None]
+    load_s = r.config.seconds if r.load_s is None else r.load_s
+    planned = (
+        f"{r.config.seconds:.0f} planned, the rest as faults overran; "
+        if load_s - r.config.seconds >= 1
+        else ""
+    )
     lines = [
-        f"soak {'PASSED' if r.passed else 'FAILED'}: {r.config.seconds:.0f} s of load "
-        f"(whole run {r.elapsed_s:.0f} s), seed {r.config.seed}, commit {r.commit}",
+        f"soak {'PASSED' if r.passed else 'FAILED'}: {load_s:.0f} s of load "
+        f"({planned}whole run {r.elapsed_s:.0f} s), seed {r.config.seed}, commit {r.commit}",
         f"machine: {os.cpu_count()} cores, 1-minute load average {r.load[0]:.1f} at the start, "
         f"{r.load[1]:.1f} at the end",
         f"events committed: {a.events} (commits in doubt resolved: {r.doubtful_commits}); "
@@ -35,7 +41,7 @@ def summary_lines(r: SoakResult) -> list[str]:
         f"duplicates: {a.duplicates} ({_counts(a.duplicates_by_fault)}; unexplained: "
         f"{a.unexplained_duplicates})",
         f"drained at the end: {'yes' if r.drained else 'NO'}",
-        f"faults: {len(r.health.recovery_s)} ({_counts(_kinds(r))})",
+        f"faults: {len(r.health.recovery_s)} of {len(r.faults)} scheduled ({_counts(_kinds(r))})",
         "recovery to all families within bounds (s): "
         + (
             f"max {max(recoveries):.1f}, mean {sum(recoveries) / len(recoveries):.1f} "
@@ -45,9 +51,12 @@ def summary_lines(r: SoakResult) -> list[str]:
         ),
         f"health expectations broken: {len(r.health.broken)}",
         f"processes that exited by themselves: {len(r.unexpected_exits)}",
+        f"run problems: {len(r.problems)}",
     ]
     lines += [f"  - {e}" for e in r.unexpected_exits]
     lines += [f"  - {b}" for b in r.health.broken]
+    lines += [f"  - {p}" for p in r.problems]
+    lines += [f"  - {u}" for u in r.health.unjudged]
     lines += [f"  lost id {i}" for i in a.lost[:10]]
     lines += [f"  order: {_short(v)}" for v in a.order_violations[:10]]
     lines += [f"  jobs: {p}" for p in a.job_problems[:10]]
@@ -141,9 +150,16 @@ def markdown(r: SoakResult) -> str:
         "`database unavailable`; after a killed worker's lease expired `scoring_jobs` "
         "`stalled` with `expired_lease_count`; during a broker restart `outbox` `stalled` on "
         "its oldest pending age; outside the fault windows every family `within_bounds`, "
-        f"again at most {RECOVERY_S:.0f} s after each fault's end; `/livez` 200 for every "
-        "relay neither killed nor stopped. `tests/soak/test_audit.py` shows the auditor "
-        "catches a planted drop and a planted reorder.",
+        f"again at most {RECOVERY_S:.0f} s after each fault's end (a fault after which "
+        "health did not come back in time is broken); `/livez` 200 for every relay neither "
+        "killed nor stopped. `tests/soak/test_audit.py` shows the auditor catches a planted "
+        "drop and a planted reorder;",
+        "- **the run itself**: every scheduled fault applied (one that fails to apply fails "
+        "the run; one that overran pushes the later ones back and the load runs on by as "
+        f"much); at least {MIN_SHARE:.0%} of the events the configuration asks for "
+        f"({r.config.events_per_second:g}/s) committed and of its scoring jobs "
+        f"({r.config.jobs_per_second:g}/s) terminal, a `/health` sample for at least "
+        f"{MIN_SHARE:.0%} of its seconds, and no harness task died on the way.",
         "",
     ]
     return "\n".join(out)

@@ -33,7 +33,7 @@ from scoring.worker import enqueue_job, expire_leases
 from tests.faults.harness import RelayProcess, Relays
 from tests.soak.audit import AuditResult, Committed, Record, audit
 from tests.soak.health_truth import HealthSample, HealthVerdict, LivezSample, judge
-from tests.soak.schedule import WORKER_LEASE_S, Fault, FaultKind, build_schedule
+from tests.soak.schedule import MIN_SHARE, WORKER_LEASE_S, Fault, FaultKind, build_schedule
 from tests.soak.scoring_worker import DATABASE_ERRORS, EVENT
 from tests.soak.services import REPO, Ports, SoakServices, wait_kafka, wait_postgres
 from tests.support.faultproxy import FaultProxy
@@ -144,6 +144,7 @@ class FaultRecord:
     started: float | None = None
     ended: float | None = None
     note: str = ""
+    failed: bool = False  # it raised while being applied: the run does not count
 
 
 @dataclass
@@ -163,11 +164,48 @@ class SoakResult:
     doubtful_commits: int = 0
     load: tuple[float, float] = (0.0, 0.0)  # 1-minute load average at the start and the end
     unexpected_exits: list[str] = field(default_factory=list)
+    load_s: float | None = None  # seconds of load; more than config.seconds when faults overran
+    background_errors: list[str] = field(default_factory=list)
+
+    @property
+    def problems(self) -> list[str]:
+        """Why the run itself proves too little: a fault that did not happen, a ledger or a
+        job table implausibly empty for the configured rates, health barely sampled."""
+        c = self.config
+        problems = [
+            f"fault {i} {r.fault.kind.value} failed to apply: {r.note}"
+            for i, r in enumerate(self.faults)
+            if r.failed
+        ]
+        applied = sum(1 for r in self.faults if r.started is not None and not r.failed)
+        if applied != len(self.faults):
+            problems.append(f"faults applied: {applied} of {len(self.faults)} scheduled")
+        events = MIN_SHARE * c.events_per_second * c.seconds
+        if self.audit.events < events:
+            problems.append(
+                f"events committed: {self.audit.events}, fewer than {events:.0f} "
+                f"({MIN_SHARE} x {c.events_per_second:g}/s x {c.seconds:.0f} s)"
+            )
+        jobs = max(1.0, MIN_SHARE * c.jobs_per_second * c.seconds)
+        if self.audit.terminal_jobs < jobs:
+            problems.append(
+                f"terminal scoring jobs: {self.audit.terminal_jobs}, fewer than {jobs:.0f} "
+                f"({MIN_SHARE} x {c.jobs_per_second:g}/s x {c.seconds:.0f} s)"
+            )
+        samples = MIN_SHARE * c.seconds
+        if len(self.samples) < samples:
+            problems.append(f"/health samples: {len(self.samples)}, fewer than {samples:.0f}")
+        problems += self.background_errors
+        return problems
 
     @property
     def passed(self) -> bool:
         return (
-            self.audit.passed and self.health.passed and self.drained and not self.unexpected_exits
+            self.audit.passed
+            and self.health.passed
+            and self.drained
+            and not self.unexpected_exits
+            and not self.problems
         )
 
 
@@ -223,6 +261,7 @@ class Soak:
         self.unexpected_exits: list[str] = []
         self.proxy: FaultProxy | None = None
         self.relays: Relays | None = None
+        self.late_s = 0.0  # how far faults that overran pushed the later ones back
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -511,13 +550,10 @@ class Soak:
     # -- faults ---------------------------------------------------------------------------
     async def _faults(self) -> None:
         # A fault that overran its window (a broker slow to come back) pushes the later ones
-        # back by as much, so each still gets its quiet gap to recover in.
-        late = 0.0
+        # back by as much, so each still gets its quiet gap to recover in; the load runs on
+        # by as much too (_run), so every scheduled fault happens, under load.
         for record in self.fault_records:
-            fault = dataclasses.replace(record.fault, start=record.fault.start + late)
-            if fault.start > self.config.seconds - fault.window:
-                record.note = "skipped: the run ended first"
-                continue
+            fault = dataclasses.replace(record.fault, start=record.fault.start + self.late_s)
             delay = fault.start - self.now()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -529,9 +565,10 @@ class Soak:
                 record.note = await self._apply(fault)
             except Exception as exc:
                 record.note = f"fault failed: {type(exc).__name__}: {exc}"
+                record.failed = True
                 log.exception("fault %s failed", fault.kind.value)
             record.ended = self.now()
-            late += max(0.0, record.ended - fault.end)
+            self.late_s += max(0.0, record.ended - fault.end)
 
     async def _until_end(self, fault: Fault) -> None:
         await asyncio.sleep(max(0.0, fault.end - self.now()))
@@ -654,10 +691,10 @@ class Soak:
         )
         self.workers = [self._start_worker(i) for i in range(self.config.workers)]
         background = [
-            asyncio.create_task(self._consumer()),
-            asyncio.create_task(self._sampler()),
-            asyncio.create_task(self._rss()),
-            asyncio.create_task(self._reaper()),
+            asyncio.create_task(self._consumer(), name="consumer"),
+            asyncio.create_task(self._sampler(), name="health sampler"),
+            asyncio.create_task(self._rss(), name="memory sampler"),
+            asyncio.create_task(self._reaper(), name="lease reaper"),
         ]
         with self.ledger_path.open("w") as ledger:
             load = [
@@ -666,15 +703,27 @@ class Soak:
             load.append(asyncio.create_task(self._enqueuer()))
             faults = asyncio.create_task(self._faults())
             await asyncio.sleep(max(0.0, self.config.seconds - self.now()))
-            self.stop_writing.set()
-            await asyncio.gather(*load)
+            # The schedule ends its last fault's recovery allowance before the planned end;
+            # faults that overran pushed that back by late_s, and the load lasts as much
+            # longer, so the last recovery is still judged under load and inside sampling.
             await faults
+            await asyncio.sleep(max(0.0, self.config.seconds + self.late_s - self.now()))
+            self.stop_writing.set()
+            load_s = self.now()
+            await asyncio.gather(*load)
         drained = await self._drain()
         rows = await self._with_db("terminal", lambda c: c.fetch(TERMINAL_JOBS))
         terminal = {row["scoring_job_ref"] for row in rows or []}
         dead = await self._with_db("dead tuples", lambda c: c.fetch(DEAD_TUPLES, list(HOT_TABLES)))
         self.stop_all.set()
-        await asyncio.gather(*background, return_exceptions=True)
+        ended = await asyncio.gather(*background, return_exceptions=True)
+        # Each ends only when told to: one that died early (the sampler, the consumer) left
+        # the judges with less than the run, which must not pass for a clean result.
+        background_errors = [
+            f"the {task.get_name()} died: {type(outcome).__name__}: {outcome}"
+            for task, outcome in zip(background, ended, strict=True)
+            if isinstance(outcome, BaseException)
+        ]
         ledger_entries = [
             Committed(**json.loads(line)) for line in self.ledger_path.read_text().splitlines()
         ]
@@ -716,6 +765,8 @@ class Soak:
             doubtful_commits=self.doubtful,
             load=(self.load_at_start, os.getloadavg()[0]),
             unexpected_exits=self.unexpected_exits,
+            load_s=load_s,
+            background_errors=background_errors,
         )
 
     async def _drain(self) -> bool:

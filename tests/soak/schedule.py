@@ -42,6 +42,11 @@ WINDOW_S: dict[FaultKind, float] = {
 # broker restart's backlog plus the pending-age bound (10 s) plus two evaluations.
 RECOVERY_S = 25.0
 
+# A run below this share of what its configuration asks for tested too little: at least
+# half the configured events committed and scoring jobs terminal, and a /health sample for
+# at least half its seconds of load. Faults and a loaded machine slow a run, never by half.
+MIN_SHARE = 0.5
+
 
 @dataclass(frozen=True)
 class Fault:

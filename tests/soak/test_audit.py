@@ -147,6 +147,53 @@ def test_off_bounds_outside_a_fault_window_is_broken() -> None:
     ]
 
 
+def _kill_at(start: float) -> Fault:
+    return Fault(FaultKind.RELAY_KILL, start=start, window=WINDOW_S[FaultKind.RELAY_KILL], target=1)
+
+
+def test_a_fault_after_which_health_never_came_back_is_broken() -> None:
+    kill = _kill_at(30.0)
+    samples = [HealthSample(float(t), _all("within_bounds")) for t in range(0, 30)]
+    samples += [HealthSample(float(t), _all("stalled", "x")) for t in range(30, 120)]
+    verdict = judge(samples, [], [kill])
+    assert verdict.recovery_s == [None]
+    assert verdict.unjudged == []
+    assert (
+        "fault 0 relay_kill at 30s: never every family within bounds again after its end "
+        f"(samples until 119s, allowed {RECOVERY_S:.0f} s)"
+    ) in verdict.broken
+
+
+def test_a_fault_after_which_health_came_back_too_late_is_broken() -> None:
+    kill = _kill_at(30.0)
+    late = kill.end + RECOVERY_S + 3
+    samples = [
+        HealthSample(
+            float(t), _all("within_bounds") if t < 30 or t >= late else _all("stalled", "x")
+        )
+        for t in range(0, 120)
+    ]
+    verdict = judge(samples, [], [kill])
+    assert verdict.recovery_s == [pytest.approx(RECOVERY_S + 3)]
+    assert verdict.broken[0] == (
+        f"fault 0 relay_kill at 30s: every family within bounds again only "
+        f"{RECOVERY_S + 3:.1f} s after its end (allowed {RECOVERY_S:.0f})"
+    )
+
+
+def test_a_recovery_window_past_the_last_sample_is_said_unjudged_not_passed() -> None:
+    kill = _kill_at(100.0)
+    samples = [HealthSample(float(t), _all("within_bounds")) for t in range(0, 100)]
+    samples += [HealthSample(float(t), _all("stalled", "x")) for t in range(100, 115)]
+    verdict = judge(samples, [], [kill])
+    assert verdict.recovery_s == [None]
+    assert verdict.passed, verdict.broken
+    assert verdict.unjudged == [
+        "fault 0 relay_kill at 100s: recovery not judged, the samples end 6.0 s after its "
+        f"end, inside the {RECOVERY_S:.0f} s allowed"
+    ]
+
+
 def test_livez_of_a_live_relay_must_answer() -> None:
     livez = [
         LivezSample(1.0, "relay1", ok=False, expected_live=False),  # killed: fine

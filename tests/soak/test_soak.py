@@ -1,6 +1,8 @@
 """Two minutes of the soak (``make soak`` runs ten): the system on services of its own under
 seeded faults; fails when an event is lost, a key's order breaks, a terminal job lacks its
-one event, or health broke an expectation. The seed is printed (``SOAK_SEED`` repeats it)."""
+one event, health broke an expectation, or the run proved too little (a fault that failed
+to apply, fewer events or jobs than its rates promise). The seed is printed (``SOAK_SEED``
+repeats it)."""
 
 from __future__ import annotations
 
@@ -52,5 +54,7 @@ def test_two_minutes_under_faults_lose_nothing_and_health_tells_the_truth(
     assert "order violations: 0\n" in summary, summary
     assert "scoring jobs without exactly one event: 0\n" in summary, summary
     assert "health expectations broken: 0\n" in summary, summary
+    # Every scheduled fault applied, a ledger and a job table as full as the rates promise.
+    assert "run problems: 0\n" in summary, summary
     assert done.returncode == 0, summary + done.stderr[-3000:]
     assert (tmp_path / "report" / "soak.png").stat().st_size > 0
