@@ -17,8 +17,9 @@ import pytest
 
 from tests.faults.harness import Relays, free_port, wait_until
 from tests.health.httpclient import get
+from tests.services import REQUIRED
 from tests.support.faultproxy import FaultProxy
-from tests.support.kafka_paths import routes_from_env
+from tests.support.kafka_paths import ROUTES_VARIABLE, routes_from_env
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -62,7 +63,10 @@ async def test_run_starts_without_database_and_broker_and_recovers(
 ) -> None:
     routes = routes_from_env()
     if not routes:
-        pytest.skip("KAFKA_PROXY_ROUTES is not set (scripts/services.sh sets it up)")
+        reason = f"{ROUTES_VARIABLE} is not set (scripts/services.sh sets it up)"
+        if REQUIRED:
+            pytest.fail(f"OUTBOX_RELAY_REQUIRE_SERVICES=1 but {reason}")
+        pytest.skip(reason)
     route = routes[-1]
     pg_port = free_port()
     relay_url, pg_upstream = _behind(database_url, pg_port)

@@ -11,7 +11,7 @@ import pytest
 import pytest_asyncio
 
 from contracts.errors import SchemaNotMigrated
-from migrations.runner import apply, load_migrations, require_migrated
+from migrations.runner import apply, load_migrations, require_migrated, verify
 from relay.redrive import RedriveFilter, redrive
 from tests.foundation.support import (
     MIGRATIONS_DIR,
@@ -76,8 +76,22 @@ async def test_require_migrated_names_what_is_pending(
         await require_migrated(empty_db, load_migrations())
 
 
+_MIGRATION_RECORD = (
+    "SELECT version, name, checksum, applied_at FROM outbox_relay_migration ORDER BY version"
+)
+
+
 async def test_require_migrated_accepts_a_migrated_database(db: asyncpg.Connection) -> None:
-    await require_migrated(db, load_migrations())
+    shipped = load_migrations()
+    before = [tuple(r) for r in await db.fetch(_MIGRATION_RECORD)]
+    assert [r[0] for r in before] == [m.version for m in shipped]
+    await require_migrated(db, shipped)
+    # Only looked: the record is exactly as it was, and verify agrees nothing is pending.
+    assert [tuple(r) for r in await db.fetch(_MIGRATION_RECORD)] == before
+    status = await verify(db, shipped)
+    assert status.up_to_date
+    assert status.pending == ()
+    assert status.applied == tuple(m.version for m in shipped)
 
 
 async def test_redrive_itself_raises_the_typed_error_on_an_unmigrated_database(

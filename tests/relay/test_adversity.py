@@ -13,6 +13,7 @@ import asyncpg
 import pytest
 
 from tests.relay.harness import INSERT, consume, fast_config, running_relay, wait_until
+from tests.services import REQUIRED
 
 
 async def _drained(db: asyncpg.Connection) -> bool:
@@ -130,7 +131,10 @@ async def test_broker_stopped_and_restarted_mid_stream_loses_nothing(
     db: asyncpg.Connection, database_url: str, kafka_bootstrap: str, topic_namespace: str
 ) -> None:
     if not (REPO / ".services" / "kafka.pid").exists():
-        pytest.skip("the broker was not started by scripts/services.sh, so it cannot be restarted")
+        reason = "the broker was not started by scripts/services.sh, so it cannot be restarted"
+        if REQUIRED:
+            pytest.fail(f"OUTBOX_RELAY_REQUIRE_SERVICES=1 but {reason}")
+        pytest.skip(reason)
     keys = [f"k{i}" for i in range(10)]
     loop = asyncio.get_running_loop()
     config = fast_config(database_url, kafka_bootstrap, topic_namespace)

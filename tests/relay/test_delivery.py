@@ -30,7 +30,9 @@ async def test_delivers_every_event_with_the_record_format(
         """,
         trace,
     )
-    await db.execute(INSERT, "scoring_job", "job-7f3a", "scoring.result.deleted", None)
+    tombstone_id = await db.fetchval(
+        INSERT + " RETURNING id", "scoring_job", "job-7f3a", "scoring.result.deleted", None
+    )
     config = fast_config(database_url, kafka_bootstrap, topic_namespace)
     async with running_relay(config):
         await wait_until(lambda: _empty(db))
@@ -63,12 +65,13 @@ async def test_delivers_every_event_with_the_record_format(
     assert tombstone.key == b"job-7f3a"
     assert tombstone.value is None
     assert "content-type" not in dict(tombstone.headers)
+    assert dict(tombstone.headers)["id"] == str(tombstone_id).encode()
+    # One receipt per event, nothing else, each where its record was read.
     receipts = await db.fetch("SELECT id, topic, kafka_partition, kafka_offset FROM outbox_receipt")
-    assert {r["id"] for r in receipts} >= {event_id}
-    by_id = {r["id"]: r for r in receipts}
-    assert by_id[event_id]["topic"] == topic
-    assert by_id[event_id]["kafka_partition"] == first.partition
-    assert by_id[event_id]["kafka_offset"] == first.offset
+    assert {r["id"]: (r["topic"], r["kafka_partition"], r["kafka_offset"]) for r in receipts} == {
+        event_id: (topic, first.partition, first.offset),
+        tombstone_id: (topic, tombstone.partition, tombstone.offset),
+    }
 
 
 async def _empty(db: asyncpg.Connection) -> bool:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import statistics
 import time
@@ -152,6 +151,18 @@ async def _insert_sized(db: asyncpg.Connection, count: int, prefix: str, size: i
     )
 
 
+async def _wait_for(db: asyncpg.Connection, condition: str, what: str) -> None:
+    """``wait_until`` on a SQL condition; a timeout names what was awaited and what is left."""
+    try:
+        await wait_until(lambda: db.fetchval(condition), timeout=30)
+    except AssertionError:
+        state = [tuple(r) for r in await db.fetch(_STATE)]
+        receipts = await db.fetchval("SELECT count(*) FROM outbox_receipt")
+        raise AssertionError(
+            f"not within 30 s: {what}; receipts {receipts}, outbox {state}"
+        ) from None
+
+
 async def test_batches_fit_the_topic_and_only_a_record_too_large_alone_is_quarantined(
     db: asyncpg.Connection, database_url: str, kafka_bootstrap: str, topic_namespace: str
 ) -> None:
@@ -166,17 +177,16 @@ async def test_batches_fit_the_topic_and_only_a_record_too_large_alone_is_quaran
     async with running_relay(config) as running:
         # Every small event goes out, in batches the topic accepts; the one record larger
         # than the topic's limit on its own is quarantined, nothing else.
-        with contextlib.suppress(AssertionError):
-            await wait_until(
-                lambda: db.fetchval(
-                    "SELECT count(*) = 200 FROM outbox_receipt WHERE aggregateid <> 'huge'"
-                ),
-                timeout=30,
-            )
-            await wait_until(
-                lambda: db.fetchval("SELECT count(*) = 0 FROM outbox WHERE quarantined_at IS NULL"),
-                timeout=30,
-            )
+        await _wait_for(
+            db,
+            "SELECT count(*) = 200 FROM outbox_receipt WHERE aggregateid <> 'huge'",
+            "the 200 small events published",
+        )
+        await _wait_for(
+            db,
+            "SELECT count(*) = 0 FROM outbox WHERE quarantined_at IS NULL",
+            "nothing left pending but the quarantined record",
+        )
         state = await db.fetch(_STATE)
         assert [tuple(r) for r in state] == [("huge", "record_too_large", True, 1)], state
         assert await db.fetchval("SELECT count(*) FROM outbox_receipt") == 200
@@ -186,10 +196,11 @@ async def test_batches_fit_the_topic_and_only_a_record_too_large_alone_is_quaran
         # limit are refused, the relay reads the limit again and sends smaller batches.
         await _alter_limit(kafka_bootstrap, topic, 4_096)
         await _insert_sized(db, 100, "b", 1_000)
-        with contextlib.suppress(AssertionError):
-            await wait_until(
-                lambda: db.fetchval("SELECT count(*) = 300 FROM outbox_receipt"), timeout=30
-            )
+        await _wait_for(
+            db,
+            "SELECT count(*) = 300 FROM outbox_receipt",
+            "the 100 later small events published under the lowered limit",
+        )
         state = await db.fetch(_STATE)
         assert [tuple(r) for r in state] == [("huge", "record_too_large", True, 1)], state
         assert running.metric("outbox_relay_quarantined_events_total") == 1
