@@ -13,6 +13,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 import pytest_asyncio
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from bench.peers import measure
 from migrations.runner import apply, load_migrations
@@ -80,6 +81,44 @@ async def bench_topics(kafka_bootstrap: str) -> AsyncIterator[Topics]:
         yield topics
     finally:
         await measure.delete_topics(kafka_bootstrap, topics.created)
+
+
+async def records_on(bootstrap: str, topic: str) -> int:
+    """The records on a topic of the benchmarks' (measure.PARTITIONS partitions): its end
+    offsets summed, exactly (measure.wait_for_count polls for at least a count)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        ends = await consumer.end_offsets(
+            [TopicPartition(topic, p) for p in range(measure.PARTITIONS)]
+        )
+        return sum(ends.values())
+    finally:
+        await consumer.stop()
+
+
+# What one drain left behind for its topic: the events in the outbox still, the receipts
+# naming the topic, the distinct positions they name, and the topic's end offsets summed.
+_RECEIPTS = """
+SELECT (SELECT count(*) FROM outbox),
+       count(*),
+       count(DISTINCT (kafka_partition, kafka_offset))
+FROM outbox_receipt WHERE topic = $1
+"""
+
+
+async def assert_delivered(
+    conn: asyncpg.Connection, bootstrap: str, topic: str, events: int
+) -> None:
+    """Correctness, not speed: after a drain, every one of ``events`` is on ``topic`` and
+    has its receipt. An empty outbox alone would pass a relay that deleted rows without
+    producing them; the broker's end offsets and the receipts would not."""
+    left, receipts, positions = await conn.fetchrow(_RECEIPTS, topic)
+    on_topic = await records_on(bootstrap, topic)
+    assert (left, on_topic, receipts, positions) == (0, events, events, events), (
+        f"{topic}: {events} events written; {left} left in the outbox, {on_topic} on the "
+        f"topic, {receipts} receipts naming {positions} distinct positions"
+    )
 
 
 REPO = Path(__file__).resolve().parents[1]

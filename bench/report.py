@@ -3,9 +3,13 @@
 Reads the raw figures that bench/test_peers.py keeps (docs/bench/results.json), takes every
 ratio within one run (the same machine state for every system of that run), and judges each
 target on the median of those ratios over the runs. Absolute figures are printed too, as
-medians, but they are noise on a shared machine; the ratios are the result.
+medians, but they are noise on a shared machine; the ratios are the result. The memory
+target is judged from bench/test_memory.py's figures beside them (memory.json), the
+sidecar's from bench/test_health_cost.py's (docs/bench/health_cost.json). Exits 1 when any
+judged target FAILs (after printing everything and drawing the plot).
 
-    python -m bench.report [results.json] [--plot PNG]   (default: peers.png beside it)
+    python -m bench.report [results.json] [--plot PNG]   (default: BENCH_RESULTS's or
+                                                          docs/bench's; peers.png beside it)
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import operator
+import os
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -27,6 +32,9 @@ PLOT = DOCS_BENCH / "peers.png"
 # steady state on an empty history>, "ratio": <the same / the one-shot check on an empty
 # history>, "ratio_grace_0": ...}.
 HEALTH_COST = DOCS_BENCH / "health_cost.json"
+# bench/test_memory.py's figures, kept beside the comparison's (memory_figures()): a JSON
+# object {"backlog": <events drained>, "peak_rss_mb": <the relay process' peak RSS>, ...}.
+MEMORY = DOCS_BENCH / "memory.json"
 
 RELAY = "relay"
 DEBEZIUM_LATENCY_TUNED = "debezium-poll1ms"
@@ -139,6 +147,35 @@ def rss_line(rows: Rows, events: int) -> tuple[str, str]:
     )
 
 
+def results_path() -> Path:
+    """Where a run keeps the comparison's figures: BENCH_RESULTS, as bench/test_peers.py
+    reads it, or docs/bench/results.json."""
+    return Path(os.environ.get("BENCH_RESULTS", RESULTS))
+
+
+def memory_figures(results: Path | None = None) -> Path:
+    """bench/test_memory.py's figures: beside the comparison's (a trial with BENCH_RESULTS
+    leaves the committed ones alone)."""
+    return (results or results_path()).with_name(MEMORY.name)
+
+
+def memory_line(path: Path = MEMORY) -> tuple[str, str]:
+    """The memory target from bench/test_memory.py's figures: the relay process' peak RSS,
+    judged only on the target's 1,000,000-event backlog (a smaller trial is shown)."""
+    figures = json.loads(path.read_text()) if path.is_file() else {}
+    peak = figures.get("peak_rss_mb")
+    if peak is None:
+        return "n/a", f"measured by bench/test_memory.py (no figures at {path})"
+    backlog = int(figures.get("backlog", 0))
+    if backlog < RSS_EVENTS:
+        return "info", (
+            f"{peak:.0f} MB peak on {backlog:,} events; judged on {RSS_EVENTS:,} (BENCH_BACKLOG)"
+        )
+    return verdict(peak, "<=", RSS_BOUND_MB), (
+        f"{peak:.0f} MB peak on {backlog:,} events (bound {RSS_BOUND_MB:.0f})"
+    )
+
+
 def health_cost_line(path: Path = HEALTH_COST) -> tuple[str, str]:
     """The sidecar target, from the figures bench/test_health_cost.py leaves (if any).
 
@@ -188,20 +225,14 @@ def database_line(machine: dict[str, Any]) -> list[str]:
     return [f"PostgreSQL {machine.get('postgresql', '?')}, every system connected {tls}"]
 
 
-def report_lines(document: dict[str, Any]) -> list[str]:
-    """The printed report: the targets with their median ratios, then the medians."""
+def verdict_lines(
+    document: dict[str, Any], *, memory: Path = MEMORY, health_cost: Path = HEALTH_COST
+) -> list[tuple[str, str]]:
+    """Every target's verdict and its line of the report, in the report's order."""
     rows: Rows = document["runs"]
     scale = document.get("scale", {})
-    runs = runs_of(rows)
-    per_run = [per_run_ratios(rows, run) for run in runs]
-    lines = [
-        f"PEER COMPARISON {scale.get('events', '?'):,} events, {len(runs)} runs, latency at "
-        f"{scale.get('rate', '?')}/s for {scale.get('seconds', '?')} s "
-        f"(measured {document.get('measured_at', '?')})",
-        *database_line(document.get("machine", {})),
-        "",
-        f"{'':6} {'target':56} {'median':>8}  {'bound':>7}  per run",
-    ]
+    per_run = [per_run_ratios(rows, run) for run in runs_of(rows)]
+    lines = []
     for target in TARGETS:
         median = median_or_none(r[target.ratio] for r in per_run)
         each = " ".join(
@@ -209,18 +240,40 @@ def report_lines(document: dict[str, Any]) -> list[str]:
         )
         bound = f"{target.compare} {target.bound:g}" if target.compare else ""
         shown = "-" if median is None else f"{median:.2f}"
-        lines.append(
-            f"{verdict(median, target.compare, target.bound):6} {target.label:56} {shown:>8}  {bound:>7}  {each}"
-        )
+        mark = verdict(median, target.compare, target.bound)
+        lines.append((mark, f"{mark:6} {target.label:56} {shown:>8}  {bound:>7}  {each}"))
     for label, (mark, text) in (
         (
             "relay RSS draining (<= 150 MB on 1,000,000)",
             rss_line(rows, int(scale.get("events", 0))),
         ),
-        ("sidecar steady state, 1,000,000 terminal jobs (<= 1.5x)", health_cost_line()),
-        ("check, 1,000,000 terminal jobs beyond look-back (<= 2x)", beyond_lookback_line()),
+        ("relay peak RSS, 1,000,000-event backlog (<= 150 MB)", memory_line(memory)),
+        ("sidecar steady state, 1,000,000 terminal jobs (<= 1.5x)", health_cost_line(health_cost)),
+        (
+            "check, 1,000,000 terminal jobs beyond look-back (<= 2x)",
+            beyond_lookback_line(health_cost),
+        ),
     ):
-        lines.append(f"{mark:6} {label:56} {text}")
+        lines.append((mark, f"{mark:6} {label:56} {text}"))
+    return lines
+
+
+def report_lines(
+    document: dict[str, Any], *, memory: Path = MEMORY, health_cost: Path = HEALTH_COST
+) -> list[str]:
+    """The printed report: the targets with their median ratios, then the medians."""
+    rows: Rows = document["runs"]
+    scale = document.get("scale", {})
+    runs = runs_of(rows)
+    lines = [
+        f"PEER COMPARISON {scale.get('events', '?'):,} events, {len(runs)} runs, latency at "
+        f"{scale.get('rate', '?')}/s for {scale.get('seconds', '?')} s "
+        f"(measured {document.get('measured_at', '?')})",
+        *database_line(document.get("machine", {})),
+        "",
+        f"{'':6} {'target':56} {'median':>8}  {'bound':>7}  per run",
+        *(line for _, line in verdict_lines(document, memory=memory, health_cost=health_cost)),
+    ]
     lines += [
         "",
         f"{'medians':18} {'drain ev/s':>11} {'wall ev/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'p99.9 ms':>9} {'RSS MB':>7}",
@@ -444,13 +497,16 @@ def write_results(path: Path, document: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the report and draw the plot."""
+    """Print the report and draw the plot; 1 when any judged target FAILs (or no figures)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results", nargs="?", type=Path, default=RESULTS)
+    parser.add_argument(
+        "results", nargs="?", type=Path, help="default: BENCH_RESULTS, or " + str(RESULTS)
+    )
     parser.add_argument(
         "--plot", type=Path, help="where to draw the plot (default: peers.png beside the figures)"
     )
     args = parser.parse_args(argv)
+    args.results = args.results or results_path()
     # figures read from elsewhere (a trial with BENCH_RESULTS) never overwrite the plot of
     # the last full run
     args.plot = args.plot or args.results.with_name(PLOT.name)
@@ -458,9 +514,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no peer-comparison figures at {args.results}: run `make bench` first")
         return 1
     document = json.loads(args.results.read_text())
-    print("\n".join(report_lines(document)))
+    memory = memory_figures(args.results)
+    print("\n".join(report_lines(document, memory=memory)))
     plot(document, args.plot)
     print(f"\nplot: {args.plot}\nraw figures: {args.results}")
+    failed = [line for mark, line in verdict_lines(document, memory=memory) if mark == "FAIL"]
+    if failed:
+        print(f"\n{len(failed)} target(s) FAIL:", *failed, sep="\n  ")
+        return 1
     return 0
 
 

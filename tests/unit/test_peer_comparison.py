@@ -386,6 +386,95 @@ def test_a_report_of_other_figures_draws_its_plot_beside_them(tmp_path: Path) ->
     assert (report.PLOT.read_bytes() if report.PLOT.exists() else None) == committed
 
 
+@pytest.mark.parametrize(
+    ("backlog", "peak", "mark"),
+    [
+        (1_000_000, 59.0, "PASS"),
+        (1_000_000, 150.0, "PASS"),
+        (1_000_000, 151.0, "FAIL"),
+        (20_000, 400.0, "info"),  # a trial's smaller backlog is shown, not judged
+    ],
+)
+def test_memory_target_is_judged_on_the_memory_benchmarks_million_events(
+    tmp_path: Path, backlog: int, peak: float, mark: str
+) -> None:
+    figures = tmp_path / "memory.json"
+    figures.write_text(json.dumps({"backlog": backlog, "peak_rss_mb": peak}))
+    verdict_mark, text = report.memory_line(figures)
+    assert verdict_mark == mark
+    assert f"{peak:.0f} MB" in text and f"{backlog:,}" in text
+
+
+def test_memory_target_without_figures_is_not_applicable(tmp_path: Path) -> None:
+    assert report.memory_line(tmp_path / "absent.json")[0] == "n/a"
+    (tmp_path / "memory.json").write_text('{"backlog": 1000000}')
+    assert report.memory_line(tmp_path / "memory.json")[0] == "n/a"
+
+
+def test_memory_figures_go_beside_the_comparisons_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trial with BENCH_RESULTS must not overwrite the committed memory figure."""
+    monkeypatch.setenv("BENCH_RESULTS", str(tmp_path / "trial" / "results.json"))
+    assert report.memory_figures() == tmp_path / "trial" / "memory.json"
+    monkeypatch.delenv("BENCH_RESULTS")
+    assert report.memory_figures() == report.DOCS_BENCH / "memory.json"
+
+
+def _trial(tmp_path: Path, *, relay_rate: float, memory: dict[str, float] | None = None) -> Path:
+    """A trial's figures: the relay's drain at ``relay_rate`` against raw send() at 22,000/s,
+    and bench/test_memory.py's figures beside them when given."""
+    results = tmp_path / "results.json"
+    latency = {"p50": 1.0, "p90": 2.0, "p99": 3.0, "p999": 4.0}
+    rows = [
+        _row(1, "relay", "drain", rate=relay_rate),
+        _row(1, "raw-send", "drain", rate=22_000.0),
+        _row(1, "relay", "latency", **latency),
+        _row(1, "raw-send", "latency", **latency),
+    ]
+    results.write_text(json.dumps({"runs": rows, "scale": {"events": 200_000}}))
+    if memory is not None:
+        (tmp_path / "memory.json").write_text(json.dumps(memory))
+    return results
+
+
+def test_the_report_exits_1_when_a_target_fails_after_printing_and_plotting_everything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = _trial(tmp_path, relay_rate=11_000.0)  # 0.5 x raw send(): bound >= 0.9
+    assert report.main([str(results)]) == 1
+    out = capsys.readouterr().out
+    assert any(line.startswith("FAIL   drain: relay / raw send()") for line in out.splitlines())
+    assert "medians" in out and f"plot: {tmp_path / 'peers.png'}" in out
+    assert (tmp_path / "peers.png").stat().st_size > 0
+
+
+def test_the_memory_benchmarks_peak_beside_the_figures_is_judged_by_the_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = _trial(
+        tmp_path, relay_rate=20_000.0, memory={"backlog": 1_000_000, "peak_rss_mb": 151.0}
+    )
+    assert report.main([str(results)]) == 1
+    line = next(
+        line for line in capsys.readouterr().out.splitlines() if "1,000,000-event backlog" in line
+    )
+    assert line.startswith("FAIL") and "151 MB" in line
+
+
+def test_the_report_reads_the_figures_bench_results_names_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """make bench runs the report without a path: with BENCH_RESULTS it must judge the
+    figures that run wrote (and the memory figures beside them), not the committed ones."""
+    results = _trial(
+        tmp_path, relay_rate=20_000.0, memory={"backlog": 1_000_000, "peak_rss_mb": 151.0}
+    )
+    monkeypatch.setenv("BENCH_RESULTS", str(results))
+    assert report.main([]) == 1
+    assert f"raw figures: {results}" in capsys.readouterr().out
+
+
 def test_latency_at_or_below_zero_is_drawn_at_the_log_axis_floor_and_marked() -> None:
     """The broker's LogAppendTime has millisecond resolution, so the raw producer's p50 can
     come out negative: a log axis cannot draw it, and the bar must not silently vanish."""
