@@ -71,6 +71,8 @@ SIDECAR_SESSION_SETTINGS = {
     "jit": "off",
     "plan_cache_mode": "force_generic_plan",
 }
+# The longest a stopping sidecar waits for its connections to close before dropping them.
+_CLOSE_TIMEOUT_S = 0.5
 _NOT_MIGRATED_STATE = "database is not migrated: run `outbox-relay migrate`"
 
 
@@ -204,7 +206,9 @@ class HealthSidecar:
             return
         pool, self._pool = self._pool, None
         try:
-            await asyncio.wait_for(pool.close(), self._timeout)
+            # A server that answers closes at once; one whose path stalled never does, and
+            # must not hold the process past its drain timeout.
+            await asyncio.wait_for(pool.close(), min(self._timeout, _CLOSE_TIMEOUT_S))
         except TimeoutError:
             pool.terminate()
 

@@ -52,6 +52,10 @@ from relay.wakeups import NotificationListener, WakeUp, listen_plan
 
 log = logging.getLogger(__name__)
 
+# The least time handing the lanes back and closing the pool get after a stop, even when
+# the drain used all of its time: one round trip on a healthy path.
+_LEAVE_FLOOR_S = 0.1
+
 _CONCURRENT_RECORDS = 2
 _IDLE_TICK_MS = 1_000  # an idle loop still shows it is alive this often
 _DATABASE_RETRY_CAP_MS = 30_000  # the longest wait between two tries to reach the database
@@ -153,6 +157,9 @@ class Relay:
         self._store: RelayStore | None = None
         self._lanes: LaneKeeper | None = None
         self._wake = WakeUp()
+        # When the stop's drain time ends (set by _drain_deadline): handing the lanes back
+        # and closing the pool get what is left of it, never more.
+        self._stop_deadline: float | None = None
         # Batches submitted and not yet recorded, at most this many: a crash can publish
         # again only what these hold.
         self._window = InFlightWindow(config.max_in_flight_batches)
@@ -247,7 +254,10 @@ class Relay:
             if not self._window.empty():
                 self._producer.reset("stopping with records unanswered")
             await self._producer.stop()
-            await pool.close()
+            with anyio.move_on_after(self._time_left_to_stop()) as closing:
+                await pool.close()
+            if closing.cancelled_caught:  # a server that stopped answering: just drop them
+                pool.terminate()
 
     async def _check_role_settings(self, store: RelayStore) -> None:
         """Behind a transaction pooler the planner settings come from the relay's role:
@@ -317,6 +327,7 @@ class Relay:
         await stop.wait()
         self._wake.set()
         drain_s = self.config.drain_timeout_ms / 1000
+        self._stop_deadline = anyio.current_time() + drain_s
         reserve_s = min(2.0, drain_s / 4)
         scope.deadline = anyio.current_time() + drain_s - reserve_s / 2
         with anyio.move_on_after(drain_s - reserve_s):
@@ -341,15 +352,25 @@ class Relay:
             # New lanes may have a backlog waiting, anywhere in the outbox.
             self._wake.request_full_pass()
 
+    def _time_left_to_stop(self) -> float:
+        """Seconds until the stop's drain time ends (the whole drain time without a stop),
+        with a floor so that a quick statement still gets its round trip."""
+        if self._stop_deadline is None:
+            return self.config.drain_timeout_ms / 1000
+        return max(_LEAVE_FLOOR_S, self._stop_deadline - anyio.current_time())
+
     async def _leave(self) -> None:
         assert self._lanes is not None
-        try:
-            await self._lanes.leave()
-        except DB_ERRORS as exc:
-            log.warning(
-                "could not hand lanes back; they expire on their own",
-                extra={"cause": unavailable_cause(exc)},
-            )
+        cause = "timed out"
+        # On a path that stopped answering the statement would wait for ever; the lanes
+        # expire on their own within a lease.
+        with anyio.move_on_after(self._time_left_to_stop()):
+            try:
+                await self._lanes.leave()
+                return
+            except DB_ERRORS as exc:
+                cause = unavailable_cause(exc)
+        log.warning("could not hand lanes back; they expire on their own", extra={"cause": cause})
 
     # -- fetch and send ---------------------------------------------------------------------
     async def _fetch_loop(self, stop: anyio.Event, batches: MemoryObjectSendStream[Batch]) -> None:

@@ -108,3 +108,23 @@ async def test_sigterm_while_the_database_path_stalls_exits_within_the_drain_tim
         await anyio.sleep(1.0)  # inside the relay's connect, which waits 10 s for an answer
         assert relay.process.poll() is None
         await _assert_stops_in_time(relay)
+
+
+async def test_sigterm_after_the_database_path_stalls_mid_run_exits_within_the_drain_timeout(
+    relays: Relays, database_url: str, kafka_bootstrap: str
+) -> None:
+    # Connected, lanes held, then every packet to PostgreSQL vanishes: the fetch in flight
+    # is cut off by the drain deadline, and handing the lanes back (a statement on the
+    # same stalled path, with no answer ever) must not hold the exit either.
+    upstream = _host_port(database_url)
+    with FaultProxy(("127.0.0.1", 0), upstream).start() as database:
+        relay = _start(
+            relays, kafka_bootstrap, DATABASE_URL=_through(database_url, database.listen)
+        )
+        await wait_until(lambda: relay.logged("claimed lanes"), timeout=30, what="lanes held")
+        await wait_until(lambda: relay.logged("connected to kafka"), timeout=30, what="kafka")
+        database.stall()
+        await anyio.sleep(0.5)
+        assert relay.process.poll() is None
+        await _assert_stops_in_time(relay)
+        assert relay.logged("could not hand lanes back; they expire on their own")
