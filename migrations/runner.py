@@ -187,15 +187,20 @@ async def _acquire_lock(conn: asyncpg.Connection, timeout: float) -> None:
         await asyncio.sleep(_LOCK_POLL_SECONDS)
 
 
-async def _applied(conn: asyncpg.Connection) -> dict[int, tuple[str, str]]:
+_MIGRATE_AS_OWNER = "run migrate as the schema owner"
+
+
+async def _applied(
+    conn: asyncpg.Connection, refused_advice: str = _MIGRATE_AS_OWNER
+) -> dict[int, tuple[str, str]]:
     if not await conn.fetchval(_RECORD_EXISTS):
         return {}
     try:
         rows = await conn.fetch(_READ_RECORD)
     except asyncpg.InsufficientPrivilegeError:
-        # Only the schema owner reads the migration record (docs/security.md).
+        # Only the schema owner and the relay read the migration record (docs/security.md).
         raise MigrationError(
-            "permission denied on outbox_relay_migration: run migrate as the schema owner"
+            f"permission denied on outbox_relay_migration: {refused_advice}"
         ) from None
     return {r["version"]: (r["name"], r["checksum"]) for r in rows}
 
@@ -218,16 +223,27 @@ def _check_history(
     return [m for m in migrations if m.version not in applied]
 
 
-async def verify(conn: asyncpg.Connection, migrations: list[Migration]) -> MigrationStatus:
+async def verify(
+    conn: asyncpg.Connection,
+    migrations: list[Migration],
+    *,
+    refused_advice: str = _MIGRATE_AS_OWNER,
+) -> MigrationStatus:
     """Compare files with the database's record without changing anything."""
-    applied = await _applied(conn)
+    applied = await _applied(conn, refused_advice)
     pending = _check_history(migrations, applied)
     return MigrationStatus(applied=tuple(sorted(applied)), pending=tuple(pending))
 
 
 async def require_migrated(conn: asyncpg.Connection, migrations: list[Migration]) -> None:
     """Raise :class:`SchemaNotMigrated` unless every migration of this build is applied; reads only."""
-    state = await verify(conn, migrations)
+    # The verbs that check this (redrive, grant) run as the relay's role or the owner.
+    state = await verify(
+        conn,
+        migrations,
+        refused_advice="this role may not read it: give it the relay part "
+        "(`outbox-relay grant --to ROLE --as relay`) or run as the schema owner",
+    )
     if state.up_to_date:
         return
     if not state.applied:

@@ -217,3 +217,17 @@ async def test_a_missing_grant_is_one_line_naming_it(
     (line,) = done.stderr.splitlines()
     assert line.startswith("outbox-relay: error: ") and "outbox_relay_migration" in line
     assert role.password not in line
+
+
+async def test_redrive_under_a_role_that_may_not_read_the_migration_record_says_what_to_grant(
+    database_url: str, make_role: MakeRole
+) -> None:
+    # redrive checks the schema first; the advice is the relay part's grant, not migrate.
+    role = await make_role("sidecar")
+    await grant(database_url, role.name, "sidecar")
+    done = run_cli("redrive", "--all", "--dry-run", "--database-url", role.url)
+    assert done.returncode == 1, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert "outbox_relay_migration" in line and "--as relay" in line, line
+    assert "run migrate" not in line, line
+    assert role.password not in line
