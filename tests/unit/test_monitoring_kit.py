@@ -1,4 +1,5 @@
-"""docs/monitoring: the alerting rules parse (and pass promtool where it is installed),
+"""docs/monitoring: the alerting rules and the dashboard's queries parse as PromQL (and the
+rules pass promtool where it is installed),
 every family and the relay have alerts, every runbook link lands on an anchor of
 docs/operations.md. That every metric they name is really exported is
 tests/operator/test_monitoring_scrape.py, against a running relay and sidecar."""
@@ -13,6 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import promql_parser
 import pytest
 import yaml
 
@@ -101,6 +103,26 @@ def test_every_dashboard_query_reads_a_metric() -> None:
     for expr in exprs:
         assert expr.count("(") == expr.count(")"), expr
         assert metric_names(expr), expr
+
+
+def test_every_rule_and_dashboard_query_is_promql() -> None:
+    # A port of Prometheus's own parser (promql-parser): runs everywhere, where promtool
+    # (below) needs a Go toolchain and a build of Prometheus.
+    exprs = [rule["expr"] for rule in rules()] + dashboard_exprs()
+    assert len(exprs) > 10
+    for expr in exprs:
+        try:
+            promql_parser.parse(expr)
+        except ValueError as exc:
+            raise AssertionError(f"{expr!r}: {exc}") from None
+
+
+@pytest.mark.parametrize(
+    "broken", ["rate(x_total[5mm])", "sum by (a (x)", "x > > 1", "histogram_quantile(0.9 x)"]
+)
+def test_the_parser_refuses_what_prometheus_would(broken: str) -> None:
+    with pytest.raises(ValueError, match=r"\w"):  # with a message saying why
+        promql_parser.parse(broken)
 
 
 def test_every_family_has_a_stalled_and_an_unknown_alert() -> None:
