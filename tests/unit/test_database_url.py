@@ -30,7 +30,11 @@ REFUSED = [
     ("postgresql://u:ab\udcffcd@h/db", "not a valid"),
     ("postgresql://u:pw@h/d\udcff", "not a valid"),
     ("postgresql://u:pw@h:port/db", "not a valid"),
-    ("postgresql://u:pw@h:99999/db", "not a valid"),
+    ("postgresql://u:pw@h:99999/db", "port outside 1-65535"),
+    # Parameters the driver checks when it connects: refused now, not at every attempt.
+    ("postgresql://u:pw@h/db?sslmode=bogus", "sslmode must be one of disable, allow"),
+    ("postgresql://u:pw@h/db?target_session_attrs=x", "target_session_attrs must be one of"),
+    ("postgresql://u:pw@h/db?gsslib=x", "gsslib must be one of gssapi, sspi"),
     ("postgresql://u:pw@[::1/db", "not a valid"),
 ]
 
