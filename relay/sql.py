@@ -217,12 +217,14 @@ FROM outbox
 
 # The oldest open transaction that has written to the outbox: its rows are invisible
 # until it commits, and it holds back vacuum of the rows the relay deletes. Only the
-# pid and the transaction's age are read, never its query text.
+# pid and the transaction's age are read, never its query text. pg_locks is server-wide,
+# and a database made from the same template has an outbox of the same oid: this one's.
 OLDEST_OUTBOX_WRITER = """
 SELECT a.pid, extract(epoch FROM clock_timestamp() - a.xact_start)
 FROM pg_locks l
 JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'relation' AND l.relation = 'outbox'::regclass
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND l.mode = 'RowExclusiveLock' AND a.pid <> pg_backend_pid()
   AND a.xact_start IS NOT NULL
 ORDER BY a.xact_start

@@ -7,7 +7,10 @@ import logging
 import asyncpg
 import pytest
 
+from relay.store import oldest_writer
+from tests.conftest import _drop_database, _scratch_database, with_database
 from tests.relay.harness import INSERT, fast_config, running_relay, wait_until
+from tests.services import PostgresServer
 
 
 async def test_an_open_outbox_writer_is_reported_with_pid_and_age_only(
@@ -43,3 +46,35 @@ async def test_an_open_outbox_writer_is_reported_with_pid_and_age_only(
     assert "secret-aggregate-ref" not in text
     assert "payload" not in text
     assert "INSERT" not in text
+
+
+async def test_a_writer_in_another_database_of_the_server_is_not_reported(
+    database_url: str, pg_server: PostgresServer, template_database: str
+) -> None:
+    # pg_locks is server-wide, and a database made from the same template has an outbox
+    # with the same oid: its writers are not this relay's business.
+    other = await _scratch_database(pg_server.url, template_database)
+    try:
+        writer = await asyncpg.connect(with_database(pg_server.url, other))
+        mine = await asyncpg.connect(database_url)
+        try:
+            assert await writer.fetchval("SELECT 'outbox'::regclass::oid") == await mine.fetchval(
+                "SELECT 'outbox'::regclass::oid"
+            )
+            async with writer.transaction():
+                await writer.execute(INSERT, "agg", "k", "t", "{}")
+                assert await oldest_writer(mine) is None
+                async with mine.transaction():  # and one in this database still is
+                    await mine.execute(INSERT, "agg", "k", "t", "{}")
+                    watcher = await asyncpg.connect(database_url)
+                    try:
+                        found = await oldest_writer(watcher)
+                    finally:
+                        await watcher.close()
+                    assert found is not None
+                    assert found.pid == await mine.fetchval("SELECT pg_backend_pid()")
+        finally:
+            await writer.close()
+            await mine.close()
+    finally:
+        await _drop_database(pg_server.url, other)
