@@ -3,9 +3,9 @@ in its environment variable.
 
 The real CLI runs in-process (parse → logging → resolve), and in place of the verb's work
 a stand-in builds what the verb would build from the resolved settings (the relay, the
-sidecar) and stops there. Every run either exits 2 with one line on stderr or accepts a
-configuration the relay can use: no traceback, no value that fails later at run time. A
-few known-bad values also go through a real process.
+sidecar) and stops there. Every run either exits 2 (3 for check and status) with one line
+on stderr or accepts a configuration the relay can use: no traceback, no value that fails
+later at run time. A few known-bad values also go through a real process.
 """
 
 from __future__ import annotations
