@@ -34,7 +34,14 @@ from outbox_relay.settings import (
     SidecarOptions,
 )
 from pgconnect import POOLERS, TRANSACTION_POOLER, validate_database_url
-from relay.config import KafkaSecurity, RelayConfig, new_instance_id, require_utf8
+from relay.config import (
+    INT4_MAX,
+    MAX_SETTING,
+    KafkaSecurity,
+    RelayConfig,
+    new_instance_id,
+    require_utf8,
+)
 from relay.redrive import RedriveFilter
 
 MIGRATE, RUN, CHECK, STATUS, REDRIVE, DEMO = "migrate", "run", "check", "status", "redrive", "demo"
@@ -178,12 +185,6 @@ class Text(Option):
             why = f": {self.required_because}" if self.required_because else ""
             raise ConfigError(f"{self.flag} ({self.env}) is required{why}")
         return value
-
-
-# Larger settings are typos, and would overflow bigint limits and interval arithmetic.
-MAX_SETTING = 10**15
-# PostgreSQL integer (int4): retry delays and the attempt budget are bound as one.
-INT4_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,9 +21,9 @@ _TEMPLATE_FIELDS = re.compile(r"\{([^{}]*)\}")
 _TOPIC_CHARACTERS = re.compile(r"^[A-Za-z0-9._-]*$")
 _MAX_TOPIC_LENGTH = 249
 # PostgreSQL integer (int4): retry delays and the attempt budget are bound as one.
-_INT4_MAX = 2**31 - 1
+INT4_MAX = 2**31 - 1
 # Larger settings are typos, and would overflow bigint limits and interval arithmetic.
-_MAX_SETTING = 10**15
+MAX_SETTING = 10**15
 _SECURITY_PROTOCOLS = frozenset({"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"})
 _SASL_MECHANISMS = frozenset({"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"})
 
@@ -155,12 +155,12 @@ class RelayConfig:
             if value <= 0:
                 raise ConfigError(f"{flag} must be a positive integer, got {value}")
         for flag, value, limit in (
-            *((flag, value, _MAX_SETTING) for flag, value in positive.items()),
-            ("--retry-base-ms", self.retry_base_ms, _INT4_MAX),
-            ("--retry-cap-ms", self.retry_cap_ms, _INT4_MAX),
-            ("--max-attempts", self.max_attempts, _INT4_MAX),
-            ("--linger-ms", self.linger_ms, _MAX_SETTING),
-            ("--blocking-transaction-warn-ms", self.blocking_transaction_warn_ms, _MAX_SETTING),
+            *((flag, value, MAX_SETTING) for flag, value in positive.items()),
+            ("--retry-base-ms", self.retry_base_ms, INT4_MAX),
+            ("--retry-cap-ms", self.retry_cap_ms, INT4_MAX),
+            ("--max-attempts", self.max_attempts, INT4_MAX),
+            ("--linger-ms", self.linger_ms, MAX_SETTING),
+            ("--blocking-transaction-warn-ms", self.blocking_transaction_warn_ms, MAX_SETTING),
         ):
             if value > limit:
                 raise ConfigError(f"{flag} must be at most {limit}, got {value}")
