@@ -35,10 +35,11 @@ from outbox_relay.settings import (
 )
 from pgconnect import POOLERS, TRANSACTION_POOLER, validate_database_url
 from relay.config import (
-    INT4_MAX,
     MAX_SETTING,
+    RANGES,
     KafkaSecurity,
     RelayConfig,
+    check_range,
     new_instance_id,
     require_utf8,
 )
@@ -220,12 +221,7 @@ class Integer(Option):
         return self._in_range(f"{self.env}", number)
 
     def _in_range(self, name: str, number: int) -> int:
-        if number < self.minimum:
-            rule = "a positive integer" if self.minimum == 1 else f"at least {self.minimum}"
-            raise ConfigError(f"{name} must be {rule}, got {number}")
-        if number > self.maximum:
-            raise ConfigError(f"{name} must be at most {self.maximum}, got {number}")
-        return number
+        return check_range(name, number, self.minimum, self.maximum)
 
 
 _TRUE = frozenset({"1", "true", "yes"})
@@ -263,18 +259,17 @@ _relay_text = partial(Text, verbs=RELAY_VERBS, group="relay")
 _relay_switch = partial(Switch, verbs=RELAY_VERBS, group="relay")
 
 
-def _relay_int(
-    flag: str, env: str, help: str, *, minimum: int = 1, maximum: int = MAX_SETTING
-) -> Integer:
-    """A relay tuning flag whose default is the RelayConfig field of the same name."""
-    default = _RELAY[_dest(flag)]
+def _relay_int(flag: str, env: str, help: str) -> Integer:
+    """A relay tuning flag whose default and range are RelayConfig's for the field of the
+    same name."""
+    minimum, maximum = RANGES[_dest(flag)]
     return Integer(
         flag=flag,
         env=env,
         help=help,
         verbs=RELAY_VERBS,
         group="relay",
-        default=default,
+        default=_RELAY[_dest(flag)],
         minimum=minimum,
         maximum=maximum,
     )
@@ -391,28 +386,20 @@ RELAY_TUNING: tuple[Integer, ...] = (
     ),
     _relay_int("--poll-interval-ms", "OUTBOX_RELAY_POLL_INTERVAL_MS", "poll without NOTIFY"),
     _relay_int(
-        "--max-attempts",
-        "OUTBOX_RELAY_MAX_ATTEMPTS",
-        "permanent failures before quarantine",
-        maximum=INT4_MAX,
+        "--max-attempts", "OUTBOX_RELAY_MAX_ATTEMPTS", "permanent failures before quarantine"
     ),
-    _relay_int(
-        "--retry-base-ms", "OUTBOX_RELAY_RETRY_BASE_MS", "first retry delay", maximum=INT4_MAX
-    ),
-    _relay_int(
-        "--retry-cap-ms", "OUTBOX_RELAY_RETRY_CAP_MS", "longest retry delay", maximum=INT4_MAX
-    ),
+    _relay_int("--retry-base-ms", "OUTBOX_RELAY_RETRY_BASE_MS", "first retry delay"),
+    _relay_int("--retry-cap-ms", "OUTBOX_RELAY_RETRY_CAP_MS", "longest retry delay"),
     _relay_int("--lease-ttl-ms", "OUTBOX_RELAY_LEASE_TTL_MS", "lane lease lifetime"),
     _relay_int("--lease-renew-ms", "OUTBOX_RELAY_LEASE_RENEW_MS", "lane lease renewal"),
     _relay_int("--send-timeout-ms", "OUTBOX_RELAY_SEND_TIMEOUT_MS", "Kafka acknowledgement wait"),
     _relay_int("--prune-batch-size", "OUTBOX_RELAY_PRUNE_BATCH_SIZE", "receipts pruned at once"),
     _relay_int("--drain-timeout-ms", "OUTBOX_RELAY_DRAIN_TIMEOUT_MS", "in-flight wait on shutdown"),
-    _relay_int("--linger-ms", "OUTBOX_RELAY_LINGER_MS", "producer batching delay", minimum=0),
+    _relay_int("--linger-ms", "OUTBOX_RELAY_LINGER_MS", "producer batching delay"),
     _relay_int(
         "--blocking-transaction-warn-ms",
         "OUTBOX_RELAY_BLOCKING_TRANSACTION_WARN_MS",
         "log an open outbox writer older than this",
-        minimum=0,
     ),
 )
 POLICY = Text(

@@ -9,8 +9,9 @@ from __future__ import annotations
 import re
 import ssl
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from contracts.errors import ConfigError
 
@@ -138,38 +139,8 @@ class RelayConfig:
         if not self.kafka_bootstrap:
             raise ConfigError("--kafka-bootstrap (KAFKA_BOOTSTRAP_SERVERS) is required")
         validate_bootstrap(self.kafka_bootstrap)
-        positive = {
-            "--batch-size": self.batch_size,
-            "--max-in-flight-batches": self.max_in_flight_batches,
-            "--poll-interval-ms": self.poll_interval_ms,
-            "--max-attempts": self.max_attempts,
-            "--retry-base-ms": self.retry_base_ms,
-            "--lease-ttl-ms": self.lease_ttl_ms,
-            "--lease-renew-ms": self.lease_renew_ms,
-            "--send-timeout-ms": self.send_timeout_ms,
-            "--receipt-retention-ms": self.receipt_retention_ms,
-            "--prune-batch-size": self.prune_batch_size,
-            "--drain-timeout-ms": self.drain_timeout_ms,
-        }
-        for flag, value in positive.items():
-            if value <= 0:
-                raise ConfigError(f"{flag} must be a positive integer, got {value}")
-        for flag, value, limit in (
-            *((flag, value, MAX_SETTING) for flag, value in positive.items()),
-            ("--retry-base-ms", self.retry_base_ms, INT4_MAX),
-            ("--retry-cap-ms", self.retry_cap_ms, INT4_MAX),
-            ("--max-attempts", self.max_attempts, INT4_MAX),
-            ("--linger-ms", self.linger_ms, MAX_SETTING),
-            ("--blocking-transaction-warn-ms", self.blocking_transaction_warn_ms, MAX_SETTING),
-        ):
-            if value > limit:
-                raise ConfigError(f"{flag} must be at most {limit}, got {value}")
-        for flag, value in (
-            ("--linger-ms", self.linger_ms),
-            ("--blocking-transaction-warn-ms", self.blocking_transaction_warn_ms),
-        ):
-            if value < 0:
-                raise ConfigError(f"{flag} must not be negative, got {value}")
+        for name, (minimum, maximum) in RANGES.items():
+            check_range(f"--{name.replace('_', '-')}", getattr(self, name), minimum, maximum)
         if self.retry_cap_ms < self.retry_base_ms:
             raise ConfigError("--retry-cap-ms must be at least --retry-base-ms")
         # A lane is only published while its lease outlives the slowest send by a margin;
@@ -181,6 +152,39 @@ class RelayConfig:
             )
         if self.compression not in (None, "gzip", "snappy", "lz4", "zstd"):
             raise ConfigError("--compression must be one of gzip, snappy, lz4, zstd")
+
+
+# Each integer setting's (least, greatest) value, by field: counts and durations positive,
+# the linger and the open-writer warning 0 or more. The command line declares its flags
+# with these (outbox_relay/options.py): a flag and RelayConfig refuse the same values with
+# the same words.
+RANGES: Final[Mapping[str, tuple[int, int]]] = {
+    "batch_size": (1, MAX_SETTING),
+    "max_in_flight_batches": (1, MAX_SETTING),
+    "poll_interval_ms": (1, MAX_SETTING),
+    "max_attempts": (1, INT4_MAX),
+    "retry_base_ms": (1, INT4_MAX),
+    "retry_cap_ms": (1, INT4_MAX),
+    "lease_ttl_ms": (1, MAX_SETTING),
+    "lease_renew_ms": (1, MAX_SETTING),
+    "send_timeout_ms": (1, MAX_SETTING),
+    "receipt_retention_ms": (1, MAX_SETTING),
+    "prune_batch_size": (1, MAX_SETTING),
+    "drain_timeout_ms": (1, MAX_SETTING),
+    "linger_ms": (0, MAX_SETTING),
+    "blocking_transaction_warn_ms": (0, MAX_SETTING),
+}
+
+
+def check_range(name: str, value: int, minimum: int, maximum: int) -> int:
+    """``value``, or a :class:`ConfigError` naming ``name`` when it is below ``minimum`` (1:
+    positive, 0: not negative) or above ``maximum``."""
+    if value < minimum:
+        rule = "be a positive integer" if minimum > 0 else "not be negative"
+        raise ConfigError(f"{name} must {rule}, got {value}")
+    if value > maximum:
+        raise ConfigError(f"{name} must be at most {maximum}, got {value}")
+    return value
 
 
 def require_utf8(*settings: tuple[str, str | None]) -> None:
