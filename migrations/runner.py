@@ -299,8 +299,7 @@ async def apply(
         except asyncpg.PostgresError as exc:
             # Before any migration ran; the server's message names schema objects only.
             raise MigrationError(
-                f"migrate could not start: {exc.message} ({exc.sqlstate}); "
-                "run migrate as the schema owner"
+                f"migrate could not start: {exc.message} ({exc.sqlstate}); {_MIGRATE_AS_OWNER}"
             ) from exc
         for migration in pending:
             if progress is not None:

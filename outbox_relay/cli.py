@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _usage_exit(verb: str) -> int:
     # check and status follow the monitoring-plugins convention, where invalid arguments
-    # are UNKNOWN: a monitor must not read a typo as "something stalled".
+    # are UNKNOWN, as an unreachable database is: a monitor must not read a typo as
+    # "something stalled". Every other verb says 2 for both.
     return EXIT_UNKNOWN if verb in (CHECK, STATUS) else EXIT_USAGE
 
 
@@ -89,14 +90,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     usage_exit = _usage_exit(args.verb)
     if unrecognized:  # found by the top-level parser, which does not know the verb's code
         return _fail(usage_exit, f"unrecognized arguments: {' '.join(unrecognized)}")
-    unknown_exit = EXIT_UNKNOWN if args.verb in (CHECK, STATUS) else EXIT_USAGE
     try:
         _configure_logging(resolve_logging(args))
         return _run(resolve(args))
     except ConfigError as exc:
         return _fail(usage_exit, str(exc))
     except (DatabaseUnavailable, SchemaNotMigrated) as exc:
-        return _fail(unknown_exit, str(exc))
+        return _fail(usage_exit, str(exc))
     except MigrationError as exc:
         return _fail(EXIT_FAILURE, str(exc))
     except OutboxRelayError as exc:

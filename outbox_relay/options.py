@@ -625,10 +625,8 @@ def _database_url(args: argparse.Namespace, environ: Environ) -> str | None:
 
 
 def _transaction_pooler(args: argparse.Namespace, environ: Environ) -> bool:
-    pooler = DATABASE_POOLER.value(args, environ)
-    if pooler not in (None, *POOLERS):  # argparse checked the flag, not the variable
-        raise ConfigError(f"OUTBOX_RELAY_DATABASE_POOLER must be one of {', '.join(POOLERS)}")
-    return pooler == TRANSACTION_POOLER
+    # The flag's choices and the variable's alike are checked by Text.explicit.
+    return DATABASE_POOLER.value(args, environ) == TRANSACTION_POOLER
 
 
 def _listen_database_url(args: argparse.Namespace, environ: Environ) -> str | None:

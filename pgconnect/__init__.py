@@ -34,6 +34,7 @@ _ENCODE_HINT = (
 _AUTHORITY_END = re.compile(r"[/?#]")
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 _NOT_A_URL = "--database-url is not a valid postgresql:// URL"
+_PORT_OUT_OF_RANGE = "--database-url has a port outside 1-65535"
 
 
 def validate_database_url(url: str | None) -> str | None:
@@ -58,7 +59,8 @@ def validate_database_url(url: str | None) -> str | None:
     try:
         url.encode()  # bytes that were not UTF-8 (kept as surrogates) cannot be sent
         unquote(userinfo, errors="strict")
-        port = urlsplit(url).port  # raises ValueError on a non-numeric port
+        parts = urlsplit(url)
+        port = parts.port  # raises ValueError on a non-numeric port
     except ValueError as exc:  # Unicode errors too: an escape or a raw byte that is not UTF-8
         host_port = authority.rpartition("@")[2]
         # after "]:" for an IPv6 literal, else after the last ":"
@@ -66,11 +68,11 @@ def validate_database_url(url: str | None) -> str | None:
             host_port.partition("]:") if "[" in host_port else host_port.rpartition(":")
         )
         if colon and port_text.isascii() and port_text.isdigit():  # a port, only out of range
-            raise ConfigError("--database-url has a port outside 1-65535") from exc
+            raise ConfigError(_PORT_OUT_OF_RANGE) from exc
         raise ConfigError(_NOT_A_URL) from exc
     if port is not None and not 0 < port < 65536:
-        raise ConfigError("--database-url has a port outside 1-65535")
-    for name, values in parse_qs(urlsplit(url).query).items():
+        raise ConfigError(_PORT_OUT_OF_RANGE)
+    for name, values in parse_qs(parts.query).items():
         allowed = _QUERY_CHOICES.get(name)
         if allowed is not None and any(value not in allowed for value in values):
             raise ConfigError(f"--database-url {name} must be one of {', '.join(allowed)}")

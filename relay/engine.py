@@ -281,12 +281,12 @@ class Relay:
         (ConfigError) is not retried."""
         attempt = 0
         last_cause = ""
+        connecting = partial(
+            create_relay_pool,
+            self.config.database_url,
+            transaction_pooler=self.config.transaction_pooler,
+        )
         while not stop.is_set():
-            connecting = partial(
-                create_relay_pool,
-                self.config.database_url,
-                transaction_pooler=self.config.transaction_pooler,
-            )
             try:
                 # A stop ends the attempt at once: on a stalled path it waits 10 s.
                 pool = await unless_stopped(stop, connecting)
@@ -329,7 +329,7 @@ class Relay:
         drain_s = self.config.drain_timeout_ms / 1000
         self._stop_deadline = anyio.current_time() + drain_s
         reserve_s = min(2.0, drain_s / 4)
-        scope.deadline = anyio.current_time() + drain_s - reserve_s / 2
+        scope.deadline = self._stop_deadline - reserve_s / 2
         with anyio.move_on_after(drain_s - reserve_s):
             await self._window.wait_empty()
             return  # drained in time: nothing to give up, and no reason to wait longer
