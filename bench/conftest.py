@@ -13,7 +13,6 @@ from pathlib import Path
 import asyncpg
 import pytest
 import pytest_asyncio
-from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from bench.peers import measure
 from migrations.runner import apply, load_migrations
@@ -83,20 +82,6 @@ async def bench_topics(kafka_bootstrap: str) -> AsyncIterator[Topics]:
         await measure.delete_topics(kafka_bootstrap, topics.created)
 
 
-async def records_on(bootstrap: str, topic: str) -> int:
-    """The records on a topic of the benchmarks' (measure.PARTITIONS partitions): its end
-    offsets summed, exactly (measure.wait_for_count polls for at least a count)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        ends = await consumer.end_offsets(
-            [TopicPartition(topic, p) for p in range(measure.PARTITIONS)]
-        )
-        return sum(ends.values())
-    finally:
-        await consumer.stop()
-
-
 # What one drain left behind for its topic: the events in the outbox still, the receipts
 # naming the topic, the distinct positions they name, and the topic's end offsets summed.
 _RECEIPTS = """
@@ -114,7 +99,7 @@ async def assert_delivered(
     has its receipt. An empty outbox alone would pass a relay that deleted rows without
     producing them; the broker's end offsets and the receipts would not."""
     left, receipts, positions = await conn.fetchrow(_RECEIPTS, topic)
-    on_topic = await records_on(bootstrap, topic)
+    on_topic = await measure.records_on(bootstrap, topic)
     assert (left, on_topic, receipts, positions) == (0, events, events, events), (
         f"{topic}: {events} events written; {left} left in the outbox, {on_topic} on the "
         f"topic, {receipts} receipts naming {positions} distinct positions"

@@ -92,6 +92,17 @@ async def wait_for_count(
         await consumer.stop()
 
 
+async def records_on(bootstrap: str, topic: str) -> int:
+    """The records on the topic now: its end offsets summed, exactly (wait_for_count
+    polls for at least a count)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        return sum((await consumer.end_offsets(_partitions(topic))).values())
+    finally:
+        await consumer.stop()
+
+
 async def _timestamp_at(consumer: AIOKafkaConsumer, tp: TopicPartition, offset: int) -> int:
     consumer.assign([tp])
     consumer.seek(tp, offset)
