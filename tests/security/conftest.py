@@ -1,13 +1,16 @@
-"""Login roles created per test and dropped after it."""
+"""Login roles created per test and dropped after it; the PostgreSQL server that speaks TLS."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
+import pytest
 import pytest_asyncio
 
 from tests.security.roles import LoginRole, create_login_role, drop_role
+from tests.security.tls import service_file
+from tests.services import PostgresServer
 
 MakeRole = Callable[[str], Awaitable[LoginRole]]
 
@@ -29,3 +32,15 @@ async def make_role(database_url: str) -> AsyncIterator[MakeRole]:
         for name in created:
             await drop_role(admin, name)
         await admin.close()
+
+
+@pytest.fixture
+def tls_server(pg_server: PostgresServer) -> PostgresServer:
+    if pg_server.name != "pg-debian":
+        pytest.skip("this PostgreSQL build has no TLS support")
+    return pg_server
+
+
+@pytest.fixture
+def ca() -> str:
+    return service_file("PG_TEST_CAFILE")

@@ -10,25 +10,11 @@ import subprocess
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-import pytest
-
 from pgconnect import connect
 from tests.security.process import POLICY_OUTBOX_ONLY, run_cli
 from tests.security.roles import as_role
 from tests.security.tls import service_file, untrusted_ca, with_tls
 from tests.services import PostgresServer
-
-
-@pytest.fixture
-def tls_server(pg_server: PostgresServer) -> PostgresServer:
-    if pg_server.name != "pg-debian":
-        pytest.skip("this PostgreSQL build has no TLS support")
-    return pg_server
-
-
-@pytest.fixture
-def ca() -> str:
-    return service_file("PG_TEST_CAFILE")
 
 
 async def test_verify_full_connects(tls_server: PostgresServer, database_url: str, ca: str) -> None:
