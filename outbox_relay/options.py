@@ -33,7 +33,7 @@ from outbox_relay.settings import (
     Settings,
     SidecarOptions,
 )
-from pgconnect import POOLERS, TRANSACTION_POOLER, validate_database_url
+from pgconnect import POOLERS, TRANSACTION_POOLER, check_driver_settings, validate_database_url
 from relay.config import (
     MAX_SETTING,
     RANGES,
@@ -621,7 +621,9 @@ def resolve(args: argparse.Namespace, environ: Environ = os.environ) -> Settings
 
 
 def _database_url(args: argparse.Namespace, environ: Environ) -> str | None:
-    return validate_database_url(DATABASE_URL.value(args, environ))
+    url = validate_database_url(DATABASE_URL.value(args, environ))
+    check_driver_settings(url, environ)
+    return url
 
 
 def _transaction_pooler(args: argparse.Namespace, environ: Environ) -> bool:
@@ -634,9 +636,11 @@ def _listen_database_url(args: argparse.Namespace, environ: Environ) -> str | No
     if url is None:
         return None
     try:
-        return validate_database_url(url)
+        valid = validate_database_url(url)
+        check_driver_settings(valid, environ)
     except ConfigError as exc:  # its message names --database-url
         raise ConfigError(str(exc).replace("--database-url", "--listen-database-url")) from None
+    return valid
 
 
 def _session_database_url(args: argparse.Namespace, environ: Environ) -> str | None:

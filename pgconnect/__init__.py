@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import contextlib
-import re
 import socket
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 
 from contracts.errors import ConfigError, DatabaseUnavailable
+from pgconnect.preflight import check_driver_settings, validate_database_url
 
-_SCHEMES = frozenset({"postgres", "postgresql"})
+__all__ = ["check_driver_settings", "validate_database_url"]  # and the names below
 
 # Driver exception → a short cause. Driver text is never shown: it can echo parts of
 # the connection string.
@@ -23,78 +23,6 @@ _CAUSES: Mapping[type[BaseException], str] = {
     socket.gaierror: "host name could not be resolved",
     TimeoutError: "timed out",
     ssl.SSLError: "TLS handshake failed",
-}
-
-
-# Said whenever a URL's parts cannot be told apart: the fix is always the same.
-_ENCODE_HINT = (
-    "percent-encode reserved characters in the user name and password "
-    "(/ %2F, @ %40, : %3A, % %25, # %23, ? %3F)"
-)
-_AUTHORITY_END = re.compile(r"[/?#]")
-_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
-_NOT_A_URL = "--database-url is not a valid postgresql:// URL"
-_PORT_OUT_OF_RANGE = "--database-url has a port outside 1-65535"
-
-
-def validate_database_url(url: str | None) -> str | None:
-    """Check the shape of a ``postgresql://`` URL without ever echoing it; None means libpq PG* variables.
-
-    A raw ``/``, ``?``, ``#`` or ``@`` in a password moves the rest of it into the host,
-    port or database name, which messages do show; such a URL is refused instead, as is a
-    ``%`` that starts no escape (libpq refuses both too).
-    """
-    if url is None or url == "":
-        return None
-    scheme, separator, rest = url.partition("://")
-    if not separator or scheme.lower() not in _SCHEMES:
-        raise ConfigError("--database-url must start with postgresql:// or postgres://")
-    cut = _AUTHORITY_END.search(rest)
-    authority, after = (rest[: cut.start()], rest[cut.start() :]) if cut else (rest, "")
-    if "@" in after or authority.count("@") > 1:
-        raise ConfigError(f"{_NOT_A_URL}: {_ENCODE_HINT}")
-    userinfo = authority.rpartition("@")[0]
-    if _BAD_ESCAPE.search(userinfo):
-        raise ConfigError(f"{_NOT_A_URL}: {_ENCODE_HINT}")
-    try:
-        url.encode()  # bytes that were not UTF-8 (kept as surrogates) cannot be sent
-        unquote(userinfo, errors="strict")
-        parts = urlsplit(url)
-        port = parts.port  # raises ValueError on a non-numeric port
-    except ValueError as exc:  # Unicode errors too: an escape or a raw byte that is not UTF-8
-        host_port = authority.rpartition("@")[2]
-        # after "]:" for an IPv6 literal, else after the last ":"
-        _, colon, port_text = (
-            host_port.partition("]:") if "[" in host_port else host_port.rpartition(":")
-        )
-        if colon and port_text.isascii() and port_text.isdigit():  # a port, only out of range
-            raise ConfigError(_PORT_OUT_OF_RANGE) from exc
-        raise ConfigError(_NOT_A_URL) from exc
-    if port is not None and not 0 < port < 65536:
-        raise ConfigError(_PORT_OUT_OF_RANGE)
-    for name, values in parse_qs(parts.query).items():
-        allowed = _QUERY_CHOICES.get(name)
-        if allowed is not None and any(value not in allowed for value in values):
-            raise ConfigError(f"--database-url {name} must be one of {', '.join(allowed)}")
-    return url
-
-
-# The URL parameters whose value the driver checks against a list when it connects: a bad
-# one would fail every attempt, so it is refused when the settings are read (the value is
-# not echoed: the message names the parameter only).
-_QUERY_CHOICES: Mapping[str, tuple[str, ...]] = {
-    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
-    "target_session_attrs": (
-        "any",
-        "primary",
-        "standby",
-        "prefer-standby",
-        "read-write",
-        "read-only",
-    ),
-    "gsslib": ("gssapi", "sspi"),
-    "ssl_min_protocol_version": ("TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"),
-    "ssl_max_protocol_version": ("TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"),
 }
 
 

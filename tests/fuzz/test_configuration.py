@@ -312,6 +312,23 @@ RUN_WITHOUT_LISTEN = ["run", "--policy", POLICY, "--kafka-bootstrap", "127.0.0.1
         (["migrate"], {"DATABASE_URL": "postgresql://u:pw@127.0.0.1/db?sslmode=bogus"}),
         (["check", "--policy", POLICY], {"DATABASE_URL": "postgresql://h/db?sslmode=bogus"}),
         (["migrate"], {"DATABASE_URL": "postgresql://h/db?target_session_attrs=bogus"}),
+        (["migrate"], {"DATABASE_URL": "postgresql://h/db?sslnegotiation=bogus"}),
+        # The PG* variables the driver reads where the URL is silent: `run` retried for ever
+        # (a certificate file as a "network error"), `check` blamed the URL.
+        (RUN_WITHOUT_LISTEN, {"DATABASE_URL": "postgresql://u@127.0.0.1/db", "PGSSLMODE": "x"}),
+        (["check", "--policy", POLICY], {"PGHOST": "127.0.0.1", "PGTARGETSESSIONATTRS": "x"}),
+        (["migrate"], {"DATABASE_URL": "postgresql://127.0.0.1/db", "PGSSLNEGOTIATION": "x"}),
+        (["check", "--policy", POLICY], {"DATABASE_URL": "postgresql://h/db", "PGPORT": "abc"}),
+        (RUN_WITHOUT_LISTEN, {"DATABASE_URL": "postgresql://u@127.0.0.1/db", "PGPORT": "99999"}),
+        (
+            RUN_WITHOUT_LISTEN,
+            {"DATABASE_URL": "postgresql://u@127.0.0.1/db?sslmode=verify-ca&sslrootcert=/no"},
+        ),
+        (RUN_WITHOUT_LISTEN, {"DATABASE_URL": "postgresql://u@127.0.0.1/db", "PGSSLCERT": "/no"}),
+        (
+            ["check", "--policy", POLICY],
+            {"DATABASE_URL": "postgresql://127.0.0.1/db?sslmode=require", "PGSSLROOTCERT": POLICY},
+        ),
         ([*RUN_WITHOUT_LISTEN, "--database-retry-max-ms", "0"], {}),
         ([*RUN_WITHOUT_LISTEN, "--http-max-connections", str(10**20)], {}),
         ([*RUN_WITHOUT_LISTEN, "--no-relay", "--batch-size", "-1"], {}),

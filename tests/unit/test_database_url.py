@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from contracts.errors import ConfigError
-from pgconnect import describe_target, validate_database_url
+from pgconnect import check_driver_settings, describe_target, validate_database_url
 
 ACCEPTED = [
     "postgresql://u:pw@db.example:5432/app",
@@ -77,3 +79,61 @@ def test_no_url_means_the_pg_environment(unset: str | None) -> None:
 )
 def test_describe_target_never_shows_user_or_password(url: str, target: str) -> None:
     assert describe_target(url) == target
+
+
+# -- what the driver reads beyond the URL ----------------------------------------------------
+DRIVER_ACCEPTED = [
+    # The URL wins over a variable; a socket-only host never loads TLS files.
+    ("postgresql://h/db?sslmode=disable", {"PGSSLMODE": "bogus", "PGSSLCERT": "/no/such"}),
+    ("postgresql:///db?host=/var/run/postgresql", {"PGSSLCERT": "/no/such"}),
+    ("postgresql://h/db?sslmode=prefer", {"PGSSLROOTCERT": "/no/such", "PGSSLCRL": "/no/such"}),
+    ("postgresql://h/db", {"PGSSLMAXPROTOCOLVERSION": "", "PGTARGETSESSIONATTRS": "primary"}),
+    ("postgresql:///db?host=h&port=5432", {"PGPORT": "abc"}),  # the query's port settles it
+    ("postgresql://h:5432/db", {"PGPORT": "99999"}),  # parsed, never used
+    ("postgresql://h1,h2/db", {"PGPORT": "5432,5433"}),
+    (None, {"PGHOST": "h", "PGPORT": " 5432 "}),
+]
+
+DRIVER_REFUSED = [
+    ("postgresql://h/db", {"PGSSLMODE": "bogus"}, "PGSSLMODE must be one of disable"),
+    ("postgresql://h/db", {"PGSSLMODE": ""}, "PGSSLMODE must be one of"),
+    (None, {"PGGSSLIB": "krb"}, "PGGSSLIB must be one of gssapi, sspi"),
+    ("postgresql://h/db", {"PGSSLNEGOTIATION": "tls"}, "PGSSLNEGOTIATION must be one of"),
+    ("postgresql://h/db?sslnegotiation=direct", {}, "sslnegotiation direct needs sslmode"),
+    ("postgresql://h/db", {"PGPORT": "abc"}, "PGPORT must be a port"),
+    ("postgresql://h/db", {"PGPORT": "0"}, "PGPORT must be a port"),
+    ("postgresql://h:5432/db", {"PGPORT": "abc"}, "PGPORT must be a port"),  # parsed anyway
+    ("postgresql://h/db", {"PGPORT": "5432,5433"}, "PGPORT lists 2 ports for 1 host(s)"),
+    (None, {"PGPORT": "5432,5433"}, "PGPORT lists 2 ports for 5 host(s)"),  # the default hosts
+    ("postgresql://h/db?port=5432,x", {}, "--database-url port must be a port"),
+    ("postgresql://h/db?sslmode=verify-ca", {}, "need a root certificate"),
+    ("postgresql://h/db?sslmode=require&sslrootcert=/no/such", {}, "--database-url sslrootcert"),
+    ("postgresql://h/db?sslmode=require", {"PGSSLCRL": "/no/such"}, "PGSSLCRL could not be"),
+    ("postgresql://h/db", {"PGSSLCERT": "/no/such"}, "PGSSLCERT (or its key) could not be"),
+]
+
+
+@pytest.mark.parametrize(("url", "environ"), DRIVER_ACCEPTED)
+def test_driver_settings_accepted(url: str | None, environ: dict[str, str], tmp_path: Path) -> None:
+    check_driver_settings(validate_database_url(url), environ, home=tmp_path)
+
+
+@pytest.mark.parametrize(("url", "environ", "says"), DRIVER_REFUSED)
+def test_driver_settings_refused_naming_the_source_never_the_value(
+    url: str | None, environ: dict[str, str], says: str, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        check_driver_settings(validate_database_url(url), environ, home=tmp_path)
+    message = str(refused.value)
+    assert says in message
+    for value in ("/no/such", "bogus", "krb", "tls", "abc", "5432"):
+        assert value not in message
+
+
+def test_a_broken_default_file_under_home_is_refused_by_its_place(tmp_path: Path) -> None:
+    (tmp_path / ".postgresql").mkdir()
+    (tmp_path / ".postgresql" / "postgresql.crt").write_text("not a certificate\n")
+    with pytest.raises(ConfigError, match=r"~/\.postgresql/postgresql\.crt \(or its key\)"):
+        check_driver_settings("postgresql://h/db", {}, home=tmp_path)
+    # Not loaded at all where the driver would not use TLS.
+    check_driver_settings("postgresql://h/db?sslmode=disable", {}, home=tmp_path)
