@@ -23,6 +23,7 @@ from health.policy import load_policy
 from health.sidecar import DATABASE_RETRY_MAX_MS, HTTP_MAX_CONNECTIONS
 from migrations.grants import parse_parts
 from outbox_relay.settings import (
+    FLAG_RANGES,
     DemoOptions,
     GrantSettings,
     HealthReportSettings,
@@ -275,6 +276,12 @@ def _relay_int(flag: str, env: str, help: str) -> Integer:
     )
 
 
+def _ranged(flag: str, **declaration: Any) -> Integer:
+    """An integer flag whose range is that of the setting it fills (settings.FLAG_RANGES)."""
+    minimum, maximum = FLAG_RANGES[flag]
+    return Integer(flag=flag, minimum=minimum, maximum=maximum, **declaration)
+
+
 # -- the declaration ---------------------------------------------------------------------------
 DATABASE_URL = Text(
     flag="--database-url",
@@ -425,26 +432,25 @@ LISTEN = Text(
     verbs=RELAY_VERBS,
     help="HOST:PORT of the health sidecar",
 )
-HTTP_MAX_CONNECTIONS_OPTION = Integer(
-    flag="--http-max-connections",
+HTTP_MAX_CONNECTIONS_OPTION = _ranged(
+    "--http-max-connections",
     env="OUTBOX_RELAY_HTTP_MAX_CONNECTIONS",
     default=HTTP_MAX_CONNECTIONS,
     verbs=SIDECAR_VERBS,
     help="open HTTP connections the health server keeps; idle ones are closed first beyond it",
 )
-DATABASE_RETRY_MAX = Integer(
-    flag="--database-retry-max-ms",
+DATABASE_RETRY_MAX = _ranged(
+    "--database-retry-max-ms",
     env="OUTBOX_RELAY_DATABASE_RETRY_MAX_MS",
     default=DATABASE_RETRY_MAX_MS,
     verbs=SIDECAR_VERBS,
     help="longest wait between the health sidecar's attempts while the database is "
     "unreachable or not migrated",
 )
-COMPLETION_RECHECK_PERIOD = Integer(
-    flag="--completion-recheck-period-ms",
+COMPLETION_RECHECK_PERIOD = _ranged(
+    "--completion-recheck-period-ms",
     env="OUTBOX_RELAY_COMPLETION_RECHECK_PERIOD_MS",
     default=RECHECK_PERIOD_MS,
-    minimum=0,
     verbs=SIDECAR_VERBS,
     help="the running sidecar re-reads its whole completion look-back once per this period "
     "(0: every evaluation)",
@@ -474,8 +480,8 @@ DRY_RUN = Switch(
 WATCH = Switch(
     flag="--watch", verbs=frozenset({STATUS}), help="evaluate again and again until Ctrl-C"
 )
-WATCH_INTERVAL = Integer(
-    flag="--interval-ms",
+WATCH_INTERVAL = _ranged(
+    "--interval-ms",
     default=2000,
     verbs=frozenset({STATUS}),
     help="time between evaluations with --watch",
@@ -493,28 +499,28 @@ GRANT_AS = Repeated(
 PRINT_ONLY = Switch(
     flag="--print", verbs=frozenset({GRANT}), help="print the SQL instead of running it"
 )
-DEMO_JOBS = Integer(
-    flag="--jobs",
+DEMO_JOBS = _ranged(
+    "--jobs",
     env="OUTBOX_RELAY_DEMO_JOBS",
     default=2000,
     verbs=frozenset({DEMO}),
     help="scoring jobs queued at the start",
 )
-DEMO_WORKERS = Integer(flag="--workers", default=4, verbs=frozenset({DEMO}), help="scoring workers")
+DEMO_WORKERS = _ranged("--workers", default=4, verbs=frozenset({DEMO}), help="scoring workers")
 EXIT_WHEN_DONE = Switch(
     flag="--exit-when-done",
     verbs=frozenset({DEMO}),
     help="stage the three failure stories once, then stop once every job is terminal and "
     "every event published",
 )
-DEMO_RATE = Integer(
-    flag="--rate",
+DEMO_RATE = _ranged(
+    "--rate",
     default=10,
     verbs=frozenset({DEMO}),
     help="jobs the steady workload enqueues per second after the first --jobs",
 )
-STORY_HOLD = Integer(
-    flag="--story-hold-ms",
+STORY_HOLD = _ranged(
+    "--story-hold-ms",
     default=20_000,
     verbs=frozenset({DEMO}),
     help="how long each staged failure stays on show once health reports it",

@@ -5,15 +5,37 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Final
 from urllib.parse import urlsplit
 
 from contracts.errors import ConfigError
 from contracts.policy import Policy
 from health.families.completion_tracker import RECHECK_PERIOD_MS
 from health.sidecar import DATABASE_RETRY_MAX_MS, HTTP_MAX_CONNECTIONS
-from relay.config import RelayConfig
+from relay.config import MAX_SETTING, RANGES, RelayConfig, check_range
 from relay.redrive import RedriveFilter
+
+# The (least, greatest) value of each integer flag these settings hold outside the relay's
+# (RelayConfig's are relay.config.RANGES), by flag. The command line declares these flags
+# with them (outbox_relay/options.py): a flag and the settings it fills refuse the same
+# values with the same words.
+FLAG_RANGES: Final[Mapping[str, tuple[int, int]]] = {
+    "--interval-ms": (1, MAX_SETTING),
+    "--jobs": (1, MAX_SETTING),
+    "--workers": (1, MAX_SETTING),  # zero would leave every job queued, the demo waiting
+    "--rate": (1, MAX_SETTING),
+    "--story-hold-ms": (1, MAX_SETTING),
+    "--http-max-connections": (1, MAX_SETTING),
+    "--database-retry-max-ms": (1, MAX_SETTING),  # zero: a retry loop without a pause
+    "--completion-recheck-period-ms": (0, MAX_SETTING),  # 0: every evaluation
+}
+
+
+def _check_ranges(*settings: tuple[str, int]) -> None:
+    for flag, value in settings:
+        check_range(flag, value, *FLAG_RANGES[flag])
 
 
 @dataclass(frozen=True)
@@ -66,8 +88,8 @@ class HealthReportSettings:
     transaction_pooler: bool = False
 
     def __post_init__(self) -> None:
-        if self.watch_interval_ms is not None and self.watch_interval_ms <= 0:
-            raise ConfigError("--interval-ms must be a positive integer")
+        if self.watch_interval_ms is not None:
+            _check_ranges(("--interval-ms", self.watch_interval_ms))
         _check_receipt_retention(self.receipt_retention_ms)
 
 
@@ -84,13 +106,12 @@ class DemoOptions:
     """How long each staged failure is left on show once health reports it."""
 
     def __post_init__(self) -> None:
-        # Zero workers would leave every job queued and the demo waiting for ever.
-        for flag, value in (("--jobs", self.jobs), ("--workers", self.workers)):
-            if value <= 0:
-                raise ConfigError(f"{flag} must be a positive integer, got {value}")
-        for flag, value in (("--rate", self.rate), ("--story-hold-ms", self.story_hold_ms)):
-            if value < 0:
-                raise ConfigError(f"{flag} must not be negative, got {value}")
+        _check_ranges(
+            ("--jobs", self.jobs),
+            ("--workers", self.workers),
+            ("--rate", self.rate),
+            ("--story-hold-ms", self.story_hold_ms),
+        )
 
 
 @dataclass(frozen=True)
@@ -103,16 +124,11 @@ class SidecarOptions:
     completion_recheck_period_ms: int = RECHECK_PERIOD_MS
 
     def __post_init__(self) -> None:
-        if self.http_max_connections < 1:
-            raise ConfigError(
-                f"--http-max-connections must be a positive integer, got {self.http_max_connections}"
-            )
-        for flag, value in (
+        _check_ranges(
+            ("--http-max-connections", self.http_max_connections),
             ("--database-retry-max-ms", self.database_retry_max_ms),
             ("--completion-recheck-period-ms", self.completion_recheck_period_ms),
-        ):
-            if value < 0:
-                raise ConfigError(f"{flag} must not be negative, got {value}")
+        )
 
 
 @dataclass(frozen=True)
@@ -153,8 +169,7 @@ class ServiceSettings:
 
 def _check_receipt_retention(value: int) -> None:
     # The sidecar alone (`run --no-relay`, `check`) has no relay configuration to refuse it.
-    if value <= 0:
-        raise ConfigError(f"--receipt-retention-ms must be a positive integer, got {value}")
+    check_range("--receipt-retention-ms", value, *RANGES["receipt_retention_ms"])
 
 
 Settings = (

@@ -16,6 +16,7 @@ from outbox_relay.cli import build_parser
 from outbox_relay.options import (
     OPTIONS,
     VERBS,
+    Integer,
     Option,
     Switch,
     Text,
@@ -30,6 +31,7 @@ from outbox_relay.settings import (
     LogSettings,
     RedriveSettings,
     ServiceSettings,
+    SidecarOptions,
 )
 from pgconnect import describe_target, validate_database_url
 from relay.config import KafkaSecurity, RelayConfig, validate_topic_template
@@ -356,16 +358,6 @@ def test_demo_options(argv: list[str], environ: dict[str, str], expected: DemoOp
     assert settings.relay is not None
 
 
-@pytest.mark.parametrize("flag", ["--jobs", "--workers"])
-def test_demo_needs_positive_jobs_and_workers(flag: str) -> None:
-    with pytest.raises(ConfigError, match=flag):
-        DemoOptions(
-            jobs=0 if flag == "--jobs" else 1,
-            workers=0 if flag == "--workers" else 1,
-            exit_when_done=False,
-        )
-
-
 @pytest.mark.parametrize(
     ("argv", "ids", "everything"),
     [
@@ -524,3 +516,35 @@ def test_describe_target_never_includes_user_or_password(url: str, expected: str
     assert SECRET not in described
     assert "relay" not in described
     assert not re.search(r"[@]", described)
+
+
+# Each integer setting of demo, the sidecar and status --watch, built directly with the
+# value its flag refuses: the settings refuse it too, with the same words.
+_DIRECT: dict[str, Any] = {
+    "--jobs": lambda v: DemoOptions(jobs=v, workers=1, exit_when_done=False),
+    "--workers": lambda v: DemoOptions(jobs=1, workers=v, exit_when_done=False),
+    "--rate": lambda v: DemoOptions(jobs=1, workers=1, exit_when_done=False, rate=v),
+    "--story-hold-ms": lambda v: DemoOptions(1, 1, False, story_hold_ms=v),
+    "--http-max-connections": lambda v: SidecarOptions(v, 1, 0),
+    "--database-retry-max-ms": lambda v: SidecarOptions(1, v, 0),
+    "--completion-recheck-period-ms": lambda v: SidecarOptions(1, 1, v),
+}
+_SIDECAR = frozenset(
+    {"--http-max-connections", "--database-retry-max-ms", "--completion-recheck-period-ms"}
+)
+
+
+@pytest.mark.parametrize("flag", sorted(_DIRECT))
+@pytest.mark.parametrize("edge", ["below", "above"])
+def test_settings_refuse_what_their_flag_refuses(flag: str, edge: str) -> None:
+    option = next(option for option in OPTIONS if option.flag == flag)
+    assert isinstance(option, Integer)
+    value = option.minimum - 1 if edge == "below" else option.maximum + 1
+    verb = "run" if flag in _SIDECAR else "demo"
+    argv = [verb, "--policy", POLICY, "--kafka-bootstrap", "b:9", flag, str(value)]
+    with pytest.raises(ConfigError) as by_flag:
+        resolve(build_parser().parse_args(argv), {})
+    with pytest.raises(ConfigError) as built:
+        _DIRECT[flag](value)
+    assert str(built.value) == str(by_flag.value)
+    _DIRECT[flag](option.minimum)  # the least the flag takes is taken
