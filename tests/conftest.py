@@ -68,22 +68,62 @@ def kafka_bootstrap(_containers: ExitStack) -> str:
     return str(container.get_bootstrap_server())
 
 
-@pytest_asyncio.fixture(scope="session")
-async def template_database(pg_server: PostgresServer) -> AsyncIterator[str]:
-    """A migrated database per server, used only as a CREATE DATABASE template."""
-    name = f"outbox_relay_tpl_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(pg_server.url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        conn = await asyncpg.connect(with_database(pg_server.url, name))
+class TemplateDatabases:
+    """One migrated template database per server, made on first use, dropped at the end.
+
+    Keyed by the server itself rather than cached by pytest against one ``pg_server``
+    fixture: tests/fuzz narrows ``pg_server`` with a fixture of its own, and a template
+    cached against that one outlived the switch to the other server
+    (tests/foundation/test_fixture_isolation.py).
+    """
+
+    def __init__(self) -> None:
+        self._made: dict[str, tuple[PostgresServer, str]] = {}
+
+    async def on(self, server: PostgresServer) -> str:
+        """The template's name on ``server``, migrating it the first time."""
+        made = self._made.get(server.url)
+        if made is not None:
+            return made[1]
+        name = f"outbox_relay_tpl_{uuid.uuid4().hex[:12]}"
+        admin = await asyncpg.connect(server.url)
         try:
-            await apply(conn, load_migrations())
+            await admin.execute(f'CREATE DATABASE "{name}"')
+            try:
+                conn = await asyncpg.connect(with_database(server.url, name))
+                try:
+                    await apply(conn, load_migrations())
+                finally:
+                    await conn.close()
+            except BaseException:
+                # never hand out a half-migrated template; the next test tries afresh
+                await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                raise
         finally:
-            await conn.close()
-        yield name
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+            await admin.close()
+        self._made[server.url] = (server, name)
+        return name
+
+    async def drop_all(self) -> None:
+        for server, name in self._made.values():
+            await _drop_database(server.url, name)
+        self._made.clear()
+
+
+@pytest_asyncio.fixture(scope="session")
+async def template_databases() -> AsyncIterator[TemplateDatabases]:
+    """Every server's template, for the whole session."""
+    templates = TemplateDatabases()
+    yield templates
+    await templates.drop_all()
+
+
+@pytest_asyncio.fixture(scope="module")
+async def template_database(
+    pg_server: PostgresServer, template_databases: TemplateDatabases
+) -> str:
+    """The migrated database on this test's server, used only as a CREATE DATABASE template."""
+    return await template_databases.on(pg_server)
 
 
 async def _scratch_database(server_url: str, template: str) -> str:
