@@ -26,6 +26,7 @@ from bench.peers.comparison import (
 )
 from bench.peers.measure import latencies_ms, percentile
 from bench.report import median_or_none, per_run_ratios, rss_line, verdict
+from tests.relay.harness import wait_until
 from tests.services import REQUIRED
 
 
@@ -561,9 +562,18 @@ async def test_a_measurement_s_topics_are_deleted_and_a_missing_one_is_no_error(
 ) -> None:
     """Every drain leaves 250 MB on the development broker unless its topic goes."""
     topic = f"t{uuid.uuid4().hex[:10]}-scratch"
+
+    async def listed() -> bool:
+        return topic in await _topic_names(kafka_bootstrap)
+
+    async def gone() -> bool:
+        return not await listed()
+
+    # The controller answers once the change is committed; the broker's metadata, which
+    # list_topics reads, applies it a moment later (a direct read failed 1 run in 6).
     await measure.create_topic(kafka_bootstrap, topic)
-    assert topic in await _topic_names(kafka_bootstrap)
+    await wait_until(listed, timeout=10)
     await measure.delete_topics(kafka_bootstrap, [topic])
-    assert topic not in await _topic_names(kafka_bootstrap)
+    await wait_until(gone, timeout=10)
     await measure.delete_topics(kafka_bootstrap, [topic])  # already gone
     await measure.delete_topics(kafka_bootstrap, [])
