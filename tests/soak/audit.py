@@ -5,8 +5,9 @@ every record a consumer read from Kafka.
 - order: per key, first occurrences (by id) in commit order and the last record the latest
   event (the fault tests' own rule, :func:`tests.faults.harness.order_violations`);
 - jobs: every terminal job has exactly one event id on its topic, and no other job has one;
-- duplicates: records whose id was read before, each attributed to the fault whose window
-  (stretched by the relay's lease and the recovery allowance) holds its produce time.
+- duplicates: records whose id was read before, each attributed to the latest-begun fault
+  whose window (stretched by the relay's lease and the recovery allowance) holds its
+  produce time.
 """
 
 from __future__ import annotations
@@ -103,18 +104,17 @@ def audit(
     unexplained = 0
     for record in duplicates:
         at = (record.timestamp_ms - run_started_ms) / 1000
-        cause = next(
-            (
-                f.kind.value
-                for f in faults
-                if f.start - explain_slack_s <= at <= f.end + RECOVERY_S + explain_slack_s
-            ),
-            None,
-        )
-        if cause is None:
-            unexplained += 1
+        # Windows overlap (each runs on after its fault): the latest fault to begin is the
+        # one the duplicate came from, not an earlier one still in its tail.
+        holding = [
+            f
+            for f in faults
+            if f.start - explain_slack_s <= at <= f.end + RECOVERY_S + explain_slack_s
+        ]
+        if holding:
+            by_fault[max(holding, key=lambda f: f.start).kind.value] += 1
         else:
-            by_fault[cause] += 1
+            unexplained += 1
 
     return AuditResult(
         events=len(ledger),

@@ -87,6 +87,22 @@ def test_duplicates_are_attributed_to_the_fault_around_them() -> None:
     assert result.unexplained_duplicates == 1
 
 
+def test_a_duplicate_is_attributed_to_the_latest_fault_whose_window_holds_it() -> None:
+    """Windows overlap (each runs on after its fault by the recovery allowance): a duplicate
+    made during a PostgreSQL restart belongs to it, not to an earlier fault still in its
+    tail. The first match in schedule order named the broker restart before it."""
+    ledger, records = _history()
+    broker = Fault(FaultKind.BROKER_RESTART, start=192.0, window=21.0, target=0)
+    postgres = Fault(FaultKind.POSTGRES_RESTART, start=241.0, window=6.0, target=0)
+    records.append(Record(TOPIC, 0, 10, "a", "a-3", 3, 246_700))  # during the restart
+    records.append(Record(TOPIC, 1, 10, "b", "b-3", 3, 200_000))  # during the broker's
+    result = audit(
+        ledger, records, job_topic=JOBS, terminal_jobs={"job-1"}, faults=[broker, postgres]
+    )
+    assert result.duplicates_by_fault == {"broker_restart": 1, "postgres_restart": 1}
+    assert result.unexplained_duplicates == 0
+
+
 @pytest.mark.parametrize(
     ("events", "problem"),
     [
