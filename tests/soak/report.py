@@ -144,8 +144,8 @@ def markdown(r: SoakResult) -> str:
         "latest event;",
         "- **scoring jobs**: every completed or quarantined job has exactly one event id on "
         "its topic, no other job has one;",
-        "- **duplicates**: counted, each attributed to the latest-begun fault whose window (plus the "
-        "recovery allowance and 10 s) holds its produce time;",
+        "- **duplicates**: counted, each attributed to the latest-begun fault whose window "
+        "(plus the recovery allowance and 10 s) holds its produce time;",
         "- **health**: during each PostgreSQL restart every family `unknown` with "
         "`database unavailable`; after a killed worker's lease expired `scoring_jobs` "
         "`stalled` with `expired_lease_count`; during a broker restart `outbox` `stalled` on "
