@@ -78,13 +78,13 @@ class TemplateDatabases:
     """
 
     def __init__(self) -> None:
-        self._made: dict[str, tuple[PostgresServer, str]] = {}
+        self._made: dict[str, str] = {}  # server URL → template name
 
     async def on(self, server: PostgresServer) -> str:
         """The template's name on ``server``, migrating it the first time."""
         made = self._made.get(server.url)
         if made is not None:
-            return made[1]
+            return made
         name = f"outbox_relay_tpl_{uuid.uuid4().hex[:12]}"
         admin = await asyncpg.connect(server.url)
         try:
@@ -101,12 +101,12 @@ class TemplateDatabases:
                 raise
         finally:
             await admin.close()
-        self._made[server.url] = (server, name)
+        self._made[server.url] = name
         return name
 
     async def drop_all(self) -> None:
-        for server, name in self._made.values():
-            await _drop_database(server.url, name)
+        for server_url, name in self._made.items():
+            await _drop_database(server_url, name)
         self._made.clear()
 
 
