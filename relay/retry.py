@@ -50,7 +50,6 @@ LANE_LOST = FailureClass("lane_lost", retriable=True)
 # after a broker restart lost in-flight batches). Nothing is wrong with the events:
 # retry them, on a fresh producer.
 PRODUCER_STATE = FailureClass("producer_state", retriable=True)
-# An earlier batch of the partition failed, so this one was kept back to keep key order.
 # The broker has no such topic and refuses to create it: spends an attempt, so the rows
 # are quarantined after --max-attempts unless the topic appears.
 UNKNOWN_TOPIC = FailureClass("unknown_topic", retriable=False)
@@ -58,6 +57,7 @@ UNKNOWN_TOPIC = FailureClass("unknown_topic", retriable=False)
 TOPIC_LOOKUP = FailureClass("topic_lookup", retriable=True)
 # A batch was larger than its topic accepts; sent again in smaller batches.
 BATCH_TOO_LARGE = FailureClass("batch_too_large", retriable=True)
+# An earlier batch of the partition failed, so this one was kept back to keep key order.
 HELD_BEHIND_FAILURE = FailureClass("held_behind_failure", retriable=True)
 # The relay gave up waiting for the broker (or its lease or drain time ran out) and reset
 # the producer, so nothing it held can land later.
@@ -109,3 +109,27 @@ def backoff_ms(attempt: int, *, base_ms: int, cap_ms: int, rng: random.Random | 
     ceiling = min(cap_ms, base_ms * (2 ** min(max(attempt, 0), 30)))
     floor = min(base_ms // 2, ceiling)
     return (rng or random).randint(floor, ceiling)
+
+
+def retry_delay_ms(
+    failure: FailureClass,
+    *,
+    failure_streak: int,
+    attempts: int,
+    base_ms: int,
+    cap_ms: int,
+    rng: random.Random | None = None,
+) -> int:
+    """How long a row that failed waits before its next try.
+
+    A failure that says nothing about the broker waits the base delay; a retriable one
+    waits longer the more batches in a row the broker failed (``failure_streak``); a
+    permanent one longer the more attempts the row has spent.
+    """
+    if failure in NOT_BROKER_FAILURES:
+        step = 0
+    elif failure.retriable:
+        step = failure_streak
+    else:
+        step = attempts
+    return backoff_ms(step, base_ms=base_ms, cap_ms=cap_ms, rng=rng)

@@ -10,14 +10,18 @@ from aiokafka import errors as kafka_errors
 
 from relay.records import RecordRejected
 from relay.retry import (
+    BROKER_UNAVAILABLE,
+    HELD_BEHIND_FAILURE,
     NOT_BROKER_FAILURES,
     PRODUCER_STATE,
+    RECORD_TOO_LARGE,
     BatchTooLarge,
     FailureClass,
     TopicLookupPending,
     TopicNotFound,
     backoff_ms,
     classify_failure,
+    retry_delay_ms,
 )
 
 
@@ -185,3 +189,23 @@ def test_producer_sequence_errors_are_retried_on_a_fresh_producer(error: type[Ex
     failure = classify_failure(error())
     assert failure is PRODUCER_STATE
     assert failure.retriable
+
+
+@pytest.mark.parametrize(
+    ("failure", "step"),
+    [
+        (HELD_BEHIND_FAILURE, 0),  # says nothing about the broker: the base delay
+        (BROKER_UNAVAILABLE, 4),  # the broker's failing: as long as its streak
+        (RECORD_TOO_LARGE, 2),  # permanent: as many attempts as the row spent
+    ],
+)
+def test_a_failed_row_waits_by_what_its_failure_says(failure: FailureClass, step: int) -> None:
+    delay = retry_delay_ms(
+        failure,
+        failure_streak=4,
+        attempts=2,
+        base_ms=100,
+        cap_ms=60_000,
+        rng=random.Random(5),
+    )
+    assert delay == backoff_ms(step, base_ms=100, cap_ms=60_000, rng=random.Random(5))
