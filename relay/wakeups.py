@@ -80,13 +80,15 @@ class WakeUp:
 
     It also keeps what notifications said since the fetch loop last looked: the lowest seq
     notified (where the next fetch must start at the latest), the highest seq heard of so
-    far, and whether something asked for a full pass (from the beginning of the outbox).
+    far, and whether something asked for a full pass (from the beginning of the outbox),
+    or for full passes until some time (a failure recorded by the acknowledging loop).
     """
 
     def __init__(self) -> None:
         self._event = anyio.Event()
         self._lowest: int | None = None
         self._full_pass = False
+        self._full_passes_until = 0.0
         # The highest seq of every notification received on the listening connection.
         self.heard_up_to = 0
 
@@ -98,6 +100,17 @@ class WakeUp:
         """Wake the fetch loop for a pass from the beginning: rows may lie anywhere."""
         self._full_pass = True
         self.set()
+
+    def request_full_passes_until(self, deadline: float) -> None:
+        """Ask for every pass to start from the beginning until ``deadline`` (monotonic
+        seconds): rows wait behind the cursor that no notification will announce. Does not
+        wake the loop; it reads this before its next fetch."""
+        self._full_passes_until = max(self._full_passes_until, deadline)
+
+    def take_full_passes_until(self) -> float:
+        """The deadline asked for since the last call (0.0: none)."""
+        deadline, self._full_passes_until = self._full_passes_until, 0.0
+        return deadline
 
     def notified(self, payload: str) -> None:
         """An inserting statement committed; its payload says which seqs it wrote."""
