@@ -1,0 +1,441 @@
+"""The fetch loop's pass decisions (relay/passes.py), one case per race the integration
+tests stage against the real services. No services: the clock, the fetched rows and what
+notifications said are passed in."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pytest
+
+from relay.inflight import InFlightWindow
+from relay.passes import Accepted, Fetched, FetchPlan, Passes, vouched, within_bound
+from relay.records import OutboxRow
+from tests.unit.test_records import make_row
+
+POLL_MS = 1_000
+BATCH = 3
+LANES = frozenset({0, 1})
+
+
+def row(seq: int, key: str | None = None, lane: int = 0, holds_key: bool = False) -> OutboxRow:
+    return make_row(seq=seq, aggregateid=key or f"k{seq}", lane=lane, holds_key=holds_key)
+
+
+def rows(*seqs: int) -> list[OutboxRow]:
+    return [row(seq) for seq in seqs]
+
+
+def seqs(found: Iterable[OutboxRow]) -> list[int]:
+    return [r.seq for r in found]
+
+
+def new_passes(window: InFlightWindow | None = None) -> Passes:
+    return Passes(window or InFlightWindow(4), poll_interval_ms=POLL_MS, batch_size=BATCH)
+
+
+def fetch(
+    passes: Passes,
+    found: list[OutboxRow],
+    *,
+    now: float = 0.0,
+    start: int | None = None,
+    requested: bool = False,
+    until: float = 0.0,
+    bound: int | None = None,
+) -> Fetched:
+    """Plan and run one fetch as the loop does (start, plan, leave_out, mark, fetched)."""
+    passes.start(now, full_pass_requested=requested, full_passes_until=until)
+    plan = passes.plan(LANES, passes.cursor if start is None else start)
+    left_out = passes.leave_out(plan)
+    window = passes._window
+    return passes.fetched(plan, found, mark=window.fetch_mark(), left_out=left_out, bound=bound)
+
+
+def accept(
+    passes: Passes, fetched: Fetched, *, heard: int = 10**9, lowest: int | None = None
+) -> Accepted | None:
+    return passes.accept(fetched, heard_up_to=heard, lowest_notified=lowest)
+
+
+def settle_cursor_fetches(passes: Passes, *, now: float = 0.0) -> None:
+    """A full pass whose one fetch was not full: the fetches after it are cursor fetches."""
+    accepted = accept(passes, fetch(passes, rows(1, 2), now=now, bound=2))
+    assert accepted is not None and not accepted.full
+    passes.ended()
+
+
+# -- pure helpers -----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("found", "bound", "kept", "cut"),
+    [
+        ([], 5, [], False),
+        ([4, 5], 5, [4, 5], False),  # up to the bound: nothing cut
+        ([4, 5, 6, 9], 5, [4, 5], True),  # above it: the pass ends before 6
+        ([6, 7], 5, [], True),
+        ([4, 9], None, [4, 9], False),  # the bound is not known: nothing is cut
+    ],
+)
+def test_a_pass_s_later_fetch_sends_nothing_above_its_bound(
+    found: list[int], bound: int | None, kept: list[int], cut: bool
+) -> None:
+    result, was_cut = within_bound(rows(*found), bound)
+    assert (seqs(result), was_cut) == (kept, cut)
+
+
+@pytest.mark.parametrize(
+    ("found", "full", "heard", "kept", "still_full", "last_seq"),
+    [
+        ([4, 5, 6], True, 6, [4, 5, 6], True, 6),  # every row heard of
+        ([4, 5, 6], True, 9, [4, 5, 6], True, 6),
+        ([4, 5, 6], True, 5, [4, 5], False, 5),  # 6 not heard yet: the cursor stays at 5
+        ([4, 8, 9], False, 7, [4], False, 7),  # the cursor stops just before 8
+        ([4, 5], False, 0, [], False, 3),  # nothing heard: nothing sent
+        ([], False, 0, [], False, None),
+    ],
+)
+def test_a_cursor_fetch_sends_only_rows_up_to_the_highest_seq_heard_of(
+    found: list[int],
+    full: bool,
+    heard: int,
+    kept: list[int],
+    still_full: bool,
+    last_seq: int | None,
+) -> None:
+    given_last = found[-1] if found else None
+    result, result_full, result_last = vouched(rows(*found), full, given_last, heard)
+    assert (seqs(result), result_full, result_last) == (kept, still_full, last_seq)
+
+
+# -- when a pass starts from the beginning ------------------------------------------------------
+async def test_the_first_fetch_opens_a_full_pass_from_the_beginning() -> None:
+    passes = new_passes()
+    fetched = fetch(passes, rows(1, 2, 3), bound=3)
+    assert fetched.plan == FetchPlan(LANES, 0, cursor_fetch=False, opens_pass=True)
+    assert passes.in_full_pass
+
+
+async def test_a_full_pass_s_fetches_follow_from_the_cursor_while_full() -> None:
+    passes = new_passes()
+    accepted = accept(passes, fetch(passes, rows(1, 2, 3), bound=9))
+    assert accepted is not None and accepted.full and passes.cursor == 3
+    second = fetch(passes, rows(4, 5), now=0.1)
+    assert second.plan == FetchPlan(LANES, 3, cursor_fetch=False, opens_pass=False)
+    accepted = accept(passes, second)
+    assert accepted is not None and seqs(accepted.rows) == [4, 5] and not accepted.full
+    assert passes.cursor == 5
+
+
+async def test_after_a_short_fetch_the_next_fetch_is_a_cursor_fetch() -> None:
+    passes = new_passes()
+    settle_cursor_fetches(passes)
+    fetched = fetch(passes, rows(3), now=0.2)
+    assert fetched.plan == FetchPlan(LANES, 2, cursor_fetch=True, opens_pass=False)
+
+
+@pytest.mark.parametrize(
+    ("why", "now", "requested", "until"),
+    [
+        ("a poll interval after the pass began", POLL_MS / 1000, False, 0.0),
+        ("asked for (a poll, a notification without seqs)", 0.2, True, 0.0),
+        ("a recorded failure waits for its retry", 0.2, False, 0.5),
+    ],
+)
+async def test_a_full_pass_comes_when_due(
+    why: str, now: float, requested: bool, until: float
+) -> None:
+    passes = new_passes()
+    settle_cursor_fetches(passes)
+    fetched = fetch(passes, rows(3), now=now, requested=requested, until=until)
+    assert fetched.plan.start == 0 and fetched.plan.opens_pass, why
+
+
+async def test_no_full_pass_while_nothing_is_due() -> None:
+    passes = new_passes()
+    settle_cursor_fetches(passes)
+    fetched = fetch(passes, rows(3), now=POLL_MS / 1000 - 0.01)
+    assert fetched.plan.start == 2 and not fetched.plan.opens_pass
+
+
+async def test_full_passes_are_due_until_the_retry_deadline_and_not_after() -> None:
+    passes = new_passes()
+    settle_cursor_fetches(passes)
+    assert fetch(passes, [], now=0.1, until=0.5).plan.opens_pass
+    accept(passes, fetch(passes, [], now=0.1))  # the pass's first fetch: nothing read
+    passes.ended()
+    passes.cursor = 7  # as if a fetch had read up to 7 since
+    assert passes.full_pass_due(0.4, requested=False)  # the deadline is kept, not consumed
+    assert not passes.full_pass_due(0.6, requested=False)
+
+
+async def test_lanes_gained_since_the_last_fetch_need_a_full_pass() -> None:
+    passes = new_passes()
+    assert not passes.lanes_gained({0, 1, 2})  # at the beginning already
+    settle_cursor_fetches(passes)
+    assert not passes.lanes_gained({0})  # a lane handed back: nothing behind the cursor
+    assert passes.lanes_gained({0, 1, 2})  # a hand-over brought lane 2 with its backlog
+
+
+async def test_rows_a_fetch_left_out_bring_the_next_pass_from_the_beginning() -> None:
+    passes = new_passes()
+    settle_cursor_fetches(passes)
+    fetched = fetch(passes, [row(3, lane=0), row(4, lane=5)], now=0.1)
+    accepted = accept(passes, fetched)
+    assert accepted is not None
+    # Lane 5 was handed back meanwhile: its row is stepped over.
+    assert seqs(passes.sendable(accepted.rows, {0}, fetched.mark)) == [3]
+    assert passes.full_pass_due(0.2, requested=False)
+    fetched = fetch(passes, [], now=0.2)
+    assert fetched.plan.start == 0
+    assert not passes.full_pass_due(0.3, requested=False)  # the new pass took it
+
+
+async def test_a_pass_that_began_while_keys_were_held_is_irregular() -> None:
+    window = InFlightWindow(4)
+    passes = new_passes(window)
+    settle_cursor_fetches(passes)
+    window.hold(["k-failed"])  # its failure is not recorded yet
+    assert passes.full_pass_due(0.1, requested=False)
+
+
+# -- cursor fetches and notifications -------------------------------------------------------------
+async def test_a_cursor_fetch_during_which_a_lower_seq_was_notified_sends_nothing() -> None:
+    """A late commit at or below the fetch's start was announced while it ran: its snapshot
+    may hold the key's next row, which must wait for the late row."""
+    passes = new_passes()
+    settle_cursor_fetches(passes)
+    fetched = fetch(passes, rows(5, 6), now=0.1)
+    assert fetched.plan.start == 2
+    assert accept(passes, fetched, lowest=2) is None
+    assert passes.cursor == 2  # unmoved: the next fetch reads from below the late row
+
+
+async def test_a_notification_above_the_fetch_s_start_does_not_drop_it() -> None:
+    passes = new_passes()
+    settle_cursor_fetches(passes)
+    fetched = fetch(passes, rows(5, 6), now=0.1)
+    accepted = accept(passes, fetched, lowest=3)
+    assert accepted is not None and seqs(accepted.rows) == [5, 6]
+
+
+async def test_a_cursor_fetch_leaves_rows_past_the_first_unheard_seq_for_later() -> None:
+    passes = new_passes()
+    settle_cursor_fetches(passes)
+    fetched = fetch(passes, rows(3, 4, 5), now=0.1)
+    accepted = accept(passes, fetched, heard=3)
+    assert accepted is not None
+    assert seqs(accepted.rows) == [3] and not accepted.full
+    assert passes.cursor == 3  # before 4, which waits for its notification
+
+
+async def test_a_full_pass_s_fetch_vouches_for_every_row_it_reads() -> None:
+    """After a restart the backlog's rows were never notified: a full pass sends them."""
+    passes = new_passes()
+    accepted = accept(passes, fetch(passes, rows(1, 2, 3), bound=3), heard=0)
+    assert accepted is not None and seqs(accepted.rows) == [1, 2, 3]
+
+
+async def test_a_cursor_that_went_back_for_a_late_commit_returns_to_where_it_was() -> None:
+    passes = new_passes()
+    accept(passes, fetch(passes, rows(1, 2, 3), bound=20))
+    accept(passes, fetch(passes, rows(8, 9), now=0.1))  # not full: cursor 9
+    passes.ended()
+    assert passes.cursor == 9
+    fetched = fetch(passes, rows(5), now=0.2, start=4)  # below the late seq 5
+    accepted = accept(passes, fetched)
+    assert accepted is not None and seqs(accepted.rows) == [5]
+    assert passes.cursor == 9
+
+
+# -- the pass's bound -----------------------------------------------------------------------------
+async def test_a_pass_s_later_fetch_that_meets_its_bound_ends_the_pass() -> None:
+    """A row the pass's first fetch stepped over (not yet committed) lies behind the
+    cursor; its key's next row took a seq above the bound: the pass must not send it."""
+    passes = new_passes()
+    first = accept(passes, fetch(passes, rows(1, 2, 3), bound=4))
+    assert first is not None and first.full
+    accepted = accept(passes, fetch(passes, rows(4, 5, 6), now=0.1))
+    assert accepted is not None
+    assert seqs(accepted.rows) == [4]
+    assert accepted.cut and accepted.full  # the next pass starts from the beginning at once
+    assert not passes.may_prefetch(0.1, accepted, [0, 1], producer_broken=False, slot_free=True)
+
+
+async def test_a_cut_short_fetch_still_lets_the_next_pass_follow_at_once() -> None:
+    passes = new_passes()
+    accept(passes, fetch(passes, rows(1, 2, 3), bound=4))
+    accepted = accept(passes, fetch(passes, rows(4, 5), now=0.1))  # not full, but cut
+    assert accepted is not None and accepted.cut and accepted.full
+
+
+async def test_only_the_pass_s_first_fetch_sets_its_bound() -> None:
+    passes = new_passes()
+    accept(passes, fetch(passes, rows(1, 2, 3), bound=3))
+    accepted = accept(passes, fetch(passes, rows(4, 5, 6), now=0.1, bound=99))
+    assert accepted is not None and accepted.cut and seqs(accepted.rows) == []
+
+
+async def test_the_bound_is_read_ahead_once_half_a_poll_interval_into_the_pass() -> None:
+    passes = new_passes()
+    settle_cursor_fetches(passes)
+    assert not passes.bound_refresh_due(POLL_MS / 2000 - 0.01)
+    assert passes.bound_refresh_due(POLL_MS / 2000)
+    assert not passes.bound_refresh_due(POLL_MS / 2000 + 0.1)  # already being read
+    passes.bound_read(42)
+    assert not passes.bound_refresh_due(POLL_MS / 2000 + 0.2)  # one is waiting
+    assert passes.take_spare_bound() == 42
+    assert passes.take_spare_bound() is None
+    assert passes.bound_refresh_due(POLL_MS / 2000 + 0.3)
+    passes.bound_read(None)  # the read failed: the next pass reads its own
+    assert passes.take_spare_bound() is None
+
+
+# -- rows in flight and held keys -----------------------------------------------------------------
+async def test_a_fetch_that_goes_back_leaves_out_the_rows_in_flight() -> None:
+    window = InFlightWindow(4)
+    passes = new_passes(window)
+    accept(passes, fetch(passes, rows(1, 2, 3), bound=20))
+    window.admit(rows(1, 2, 3))  # sent, not recorded yet
+    ahead = fetch(passes, rows(4, 5), now=0.1)
+    assert ahead.plan.start == 3 and seqs(ahead.rows) == [4, 5]  # nothing in flight past 3
+    accept(passes, ahead)
+    passes.ended()
+    again = fetch(passes, rows(2, 3, 6), now=POLL_MS / 1000)  # a new pass meets them
+    assert again.plan.start == 0
+    assert seqs(again.rows) == [6]
+    assert again.last_seq == 6 and again.full  # the statement's rows, not the ones kept
+
+
+async def test_a_row_held_behind_a_retry_published_within_the_pass_is_not_sent() -> None:
+    """The pass's first fetch reads the key's row waiting for its retry (the database
+    holds the key's next row back, so the cursor passes it). Once that row is published
+    and released in the same pass, a later fetch of the pass would read the key's rows
+    after the cursor: they wait for the next pass, which reads the stepped-over row first."""
+    window = InFlightWindow(4)
+    passes = new_passes(window)
+    retried = row(1, key="k", holds_key=True)
+    first = fetch(passes, [retried, row(3, key="other"), row(4, key="other2")], bound=9)
+    accepted = accept(passes, first)
+    assert accepted is not None and accepted.full
+    # The next fetch is read ahead while this one is sent; its statement is slow.
+    assert passes.may_prefetch(0.0, accepted, [0, 1], producer_broken=False, slot_free=True)
+    prefetch = passes.prefetch_plan([0, 1])
+    prefetch_mark = window.fetch_mark()
+    sent = passes.sendable(accepted.rows, LANES, first.mark)
+    window.fetch_done(first.mark)
+    assert seqs(sent) == [1, 3, 4]
+    window.admit(sent)
+    window.release(sent, held_keys=[])  # published and recorded: the database's hold lifts
+    later = passes.fetched(
+        prefetch, [row(5, key="k"), row(6, key="other")], mark=prefetch_mark, left_out=frozenset()
+    )
+    accepted = accept(passes, later)
+    assert accepted is not None
+    assert seqs(passes.sendable(accepted.rows, LANES, later.mark)) == [6]
+    window.fetch_done(later.mark)
+    # And a fetch planned after the release starts the next pass from the beginning.
+    assert fetch(passes, [], now=0.1).plan.start == 0
+
+
+async def test_a_key_released_since_the_pass_began_waits_for_the_next_pass() -> None:
+    """The pass's fetches follow each other as prefetches (no new plan in between). A key
+    released after the pass began may have rows the pass stepped over: a fetch that starts
+    after the release still leaves the key out."""
+    window = InFlightWindow(4)
+    passes = new_passes(window)
+    window.hold(["k"])
+    first = fetch(passes, rows(1, 2, 3), bound=99)
+    accepted = accept(passes, first)
+    assert accepted is not None and accepted.full
+    window.fetch_done(first.mark)
+    window.admit([row(0, key="k")])
+    window.release([row(0, key="k")], held_keys=["k"])  # released after the pass began
+    prefetch = passes.prefetch_plan([0, 1])
+    later = passes.fetched(
+        prefetch, [row(4, key="k"), row(5, key="j")], mark=window.fetch_mark(), left_out=frozenset()
+    )
+    accepted = accept(passes, later)
+    assert accepted is not None
+    assert seqs(passes.sendable(accepted.rows, LANES, later.mark)) == [5]
+
+
+async def test_a_fetch_whose_snapshot_predates_a_release_does_not_send_that_key() -> None:
+    """The failure is recorded while the fetch's statement runs: the statement may still
+    see the key free, and the in-memory hold is gone by the time its rows come back."""
+    window = InFlightWindow(4)
+    passes = new_passes(window)
+    settle_cursor_fetches(passes)
+    window.hold(["k"])
+    fetched = fetch(passes, [row(3, key="k"), row(4, key="free")], now=0.1)  # snapshot
+    window.admit([row(1, key="k")])
+    window.release([row(1, key="k")], held_keys=["k"])  # recorded: the hold moves on
+    accepted = accept(passes, fetched)
+    assert accepted is not None
+    assert seqs(passes.sendable(accepted.rows, LANES, fetched.mark)) == [4]
+
+
+async def test_a_held_key_s_rows_are_left_out_and_the_others_go() -> None:
+    window = InFlightWindow(4)
+    passes = new_passes(window)
+    window.hold(["k"])
+    fetched = fetch(passes, [row(1, key="k"), row(2, key="j")], bound=9)
+    accepted = accept(passes, fetched)
+    assert accepted is not None
+    assert seqs(passes.sendable(accepted.rows, LANES, fetched.mark)) == [2]
+
+
+async def test_while_nothing_is_held_every_row_of_a_held_lane_goes() -> None:
+    passes = new_passes()
+    fetched = fetch(passes, [row(1, key="k"), row(2, key="k")], bound=9)
+    accepted = accept(passes, fetched)
+    assert accepted is not None
+    assert seqs(passes.sendable(accepted.rows, LANES, fetched.mark)) == [1, 2]
+    assert not passes.full_pass_due(0.1, requested=False)
+
+
+# -- prefetch ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("why", "now", "lanes", "broken", "slot_free", "expected"),
+    [
+        ("a full fetch within the pass", 0.1, [0, 1], False, True, True),
+        ("the pass is a poll interval old", POLL_MS / 1000, [0, 1], False, True, False),
+        ("no lane left", 0.1, [], False, True, False),
+        ("a lane gained since the fetch", 0.1, [0, 1, 2], False, True, False),
+        ("the producer must be replaced", 0.1, [0, 1], True, True, False),
+        ("no slot free", 0.1, [0, 1], False, False, False),
+    ],
+)
+async def test_the_next_fetch_is_read_ahead_only_while_the_pass_runs_on(
+    why: str, now: float, lanes: list[int], broken: bool, slot_free: bool, expected: bool
+) -> None:
+    passes = new_passes()
+    accepted = accept(passes, fetch(passes, rows(1, 2, 3), bound=9))
+    assert accepted is not None and accepted.full
+    decided = passes.may_prefetch(now, accepted, lanes, producer_broken=broken, slot_free=slot_free)
+    assert decided is expected, why
+
+
+async def test_a_short_fetch_is_not_followed_by_a_prefetch() -> None:
+    passes = new_passes()
+    accepted = accept(passes, fetch(passes, rows(1), bound=9))
+    assert accepted is not None and not accepted.full
+    assert not passes.may_prefetch(0.1, accepted, [0, 1], producer_broken=False, slot_free=True)
+
+
+async def test_a_prefetch_reads_from_the_cursor_as_the_pass_s_kind_of_fetch() -> None:
+    passes = new_passes()
+    accept(passes, fetch(passes, rows(1, 2, 3), bound=9))
+    assert passes.prefetch_plan([0, 1]) == FetchPlan(LANES, 3, cursor_fetch=False, opens_pass=False)
+
+
+async def test_closing_lets_the_pass_s_mark_go() -> None:
+    window = InFlightWindow(4)
+    passes = new_passes(window)
+    fetched = fetch(passes, [], bound=0)
+    window.fetch_done(fetched.mark)
+    window.hold(["k"])
+    window.release([], held_keys=["k"])  # released while the pass is open: remembered
+    assert not window.holds_nothing()
+    passes.close()
+    window.fetch_done(window.fetch_mark())  # any later fetch prunes what nobody needs
+    assert window.holds_nothing()
