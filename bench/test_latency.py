@@ -34,7 +34,9 @@ from bench.conftest import Topics, start_relay_process
 from bench.peers.measure import cpu_seconds
 from relay.config import RelayConfig
 from relay.engine import Batch, Relay
-from relay.store import RelayStore
+from relay.passes import Accepted, Fetched, Passes
+from relay.records import OutboxRow
+from relay.store import Recorded, RelayStore
 from relay.wakeups import WakeUp
 from tests.relay.harness import consume, running_relay, wait_until
 
@@ -178,24 +180,34 @@ class _Stages:
     unheard: int = 0  # rows a cursor fetch left for the next one: not notified yet
 
 
-def _instrument(monkeypatch: pytest.MonkeyPatch, stages: _Stages) -> None:
-    """Wrap the relay's stage boundaries with timestamps (bench only)."""
+def _instrument(monkeypatch: pytest.MonkeyPatch, stages: _Stages) -> type[RelayStore]:
+    """Wrap the relay's stage boundaries with timestamps (bench only); the store to run
+    the relay with."""
     wake_set = WakeUp.set
 
     def noted_wake(self: WakeUp) -> None:
         stages.wakes.append(time.time())
         wake_set(self)
 
-    fetch_ready = RelayStore.fetch_ready
+    class NotedStore(RelayStore):
+        async def fetch_ready(self, lanes: Any, cursor: int, limit: int) -> list[OutboxRow]:
+            stages.fetch_starts.append(cursor)
+            started = time.time()
+            rows = await super().fetch_ready(lanes, cursor, limit)
+            ended = time.time()
+            for row in rows:  # the first fetch that read the row (a later pass re-reads it)
+                stages.fetched.setdefault(row.seq, (started, ended))
+            return rows
 
-    async def noted_fetch(self: RelayStore, *args: Any) -> list[Any]:
-        stages.fetch_starts.append(args[1])  # (lanes, cursor, limit)
-        started = time.time()
-        records = await fetch_ready(self, *args)
-        ended = time.time()
-        for record in records:  # the first fetch that read the row (a later pass re-reads it)
-            stages.fetched.setdefault(record["seq"], (started, ended))
-        return records
+        async def record_outcome(
+            self, fences: Any, published: Any, *args: Any, **kwargs: Any
+        ) -> Recorded:
+            recorded = await super().record_outcome(fences, published, *args, **kwargs)
+            ended = time.time()
+            for group in published:
+                for row in group.rows:
+                    stages.recorded[row.seq] = ended
+            return recorded
 
     send = Relay._send
 
@@ -206,41 +218,24 @@ def _instrument(monkeypatch: pytest.MonkeyPatch, stages: _Stages) -> None:
         for row in rows:
             stages.sent[row.id] = (started, ended, row.seq)
         for submitted in batch.submission.batches:
-            seqs = [rows[i].seq for i in submitted.members]
+            seqs = [row.seq for row in submitted.rows]
             submitted.future.add_done_callback(_on_ack(stages, seqs))
         return batch
 
-    record_outcome = RelayStore.record_outcome
+    accept = Passes.accept
 
-    async def noted_record(self: RelayStore, fences: Any, published: Any, *args: Any, **kw: Any):  # type: ignore[no-untyped-def]
-        recorded = await record_outcome(self, fences, published, *args, **kw)
-        ended = time.time()
-        for group in published:
-            for row in group.rows:
-                stages.recorded[row.seq] = ended
-        return recorded
+    def noted_accept(self: Passes, fetched: Fetched, **kwargs: Any) -> Accepted | None:
+        accepted = accept(self, fetched, **kwargs)
+        if accepted is None:
+            stages.refetched += 1
+        elif fetched.plan.cursor_fetch:
+            stages.unheard += len(fetched.rows) - len(accepted.rows)
+        return accepted
 
-    # Both exist from cursor fetches on; measured against older checkouts too.
-    announced_below = getattr(Relay, "_announced_below", None)
-    vouched = getattr(Relay, "_vouched", None)
-    if announced_below is not None and vouched is not None:
-
-        def noted_announced_below(self: Relay, fetched: Any) -> bool:
-            dropped = bool(announced_below(self, fetched))
-            stages.refetched += dropped
-            return dropped
-
-        def noted_vouched(self: Relay, records: list[Any], *args: Any) -> Any:
-            kept = vouched(self, records, *args)
-            stages.unheard += len(records) - len(kept[0])
-            return kept
-
-        monkeypatch.setattr(Relay, "_announced_below", noted_announced_below)
-        monkeypatch.setattr(Relay, "_vouched", noted_vouched)
+    monkeypatch.setattr(Passes, "accept", noted_accept)
     monkeypatch.setattr(WakeUp, "set", noted_wake)
-    monkeypatch.setattr(RelayStore, "fetch_ready", noted_fetch)
     monkeypatch.setattr(Relay, "_send", noted_send)
-    monkeypatch.setattr(RelayStore, "record_outcome", noted_record)
+    return NotedStore
 
 
 # What FETCH_READY cost the server in this database: calls, mean execution time (ms) and
@@ -294,13 +289,13 @@ async def test_where_one_events_latency_goes(
     namespace = f"l{uuid.uuid4().hex[:8]}"
     await bench_topics.create(f"{namespace}.latency", log_append_time=True)
     stages = _Stages()
-    _instrument(monkeypatch, stages)
+    store = _instrument(monkeypatch, stages)
     config = RelayConfig(
         database_url=bench_database,
         kafka_bootstrap=kafka_bootstrap,
         topic_template=f"{namespace}.{{aggregatetype}}",
     )
-    async with running_relay(config) as running:
+    async with running_relay(config, store_factory=store) as running:
         await wait_until(running.relay.ready, timeout=60)
         await asyncio.sleep(1)
         stages.fetch_starts.clear()

@@ -16,7 +16,6 @@ the producer's life cycle in relay/producer.py.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import time
@@ -25,7 +24,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any, NamedTuple
 
 import anyio
 import anyio.lowlevel
@@ -42,12 +40,13 @@ from relay.lanes import LaneKeeper
 from relay.liveness import Liveness
 from relay.metrics import RelayMetrics
 from relay.outcome import FailedRow, Outcome, sort_outcome
+from relay.passes import Fetched, FetchPlan, Passes
 from relay.producer import ProducerFactory, ProducerKeeper, make_producer
 from relay.publisher import Submission
-from relay.records import KafkaRecord, OutboxRow, RecordMapper, RecordRejected
-from relay.retry import LANE_LOST, NOT_BROKER_FAILURES, backoff_ms
+from relay.records import OutboxRow, RecordMapper
+from relay.retry import LANE_LOST, NOT_BROKER_FAILURES, backoff_ms, retry_delay_ms
 from relay.stopping import Stopped, unless_stopped
-from relay.store import RelayStore, create_relay_pool
+from relay.store import OutboxStore, RelayStore, StoreFactory, create_relay_pool
 from relay.wakeups import NotificationListener, WakeUp, listen_plan
 
 log = logging.getLogger(__name__)
@@ -67,47 +66,9 @@ class Batch:
 
     rows: list[OutboxRow]
     fences: dict[int, int]
-    # Rows not in any submitted batch are either failures found before sending or held
-    # back because an earlier row of their key failed in this batch.
+    # Rows not in any submitted batch are either failures found before sending (the
+    # submission's failures) or held back because an earlier row of their key failed.
     submission: Submission
-
-
-def _elapsed_ms(since: float) -> float:
-    return (time.monotonic() - since) * 1000
-
-
-def _within_bound(records: list[Any], bound: int | None) -> tuple[list[Any], bool]:
-    """The rows of a full pass's later fetch up to the pass's bound, and whether any were cut.
-
-    A row the pass's first fetch stepped over because its transaction had not committed
-    commits after the bound was read; its key's next row takes its seq only after that,
-    so above the bound. Rows up to the bound can follow no such row; a row above it might,
-    so the pass ends before it (docs/relay.md, "Passes and late commits").
-    """
-    if bound is None or not records or records[-1]["seq"] <= bound:
-        return records, False
-    return [r for r in records if r["seq"] <= bound], True  # in seq order: a prefix
-
-
-class Fetched(NamedTuple):
-    """One fetch: the rows to send, whether the statement's limit was reached, the last
-    seq it read (the cursor's next position), rows left out included, the in-flight
-    window's mark taken when it started (InFlightWindow.held_since), the seq it read after,
-    whether it was a cursor fetch (one that must vouch for its rows, _vouched), whether it
-    opened a full pass, and then the highest seq drawn before it (_within_bound; None when
-    unknown)."""
-
-    records: list[Any]
-    full: bool
-    last_seq: int | None
-    mark: int
-    start: int = 0
-    cursor_fetch: bool = False
-    opens_pass: bool = False
-    bound: int | None = None
-
-
-_NOTHING_FETCHED = Fetched([], full=False, last_seq=None, mark=-1)
 
 
 class _Prefetch:
@@ -116,7 +77,7 @@ class _Prefetch:
 
     def __init__(self) -> None:
         self._done = anyio.Event()
-        self._fetched = _NOTHING_FETCHED
+        self._fetched: Fetched | None = None
         self._error: BaseException | None = None
 
     async def fill(self, fetch: Callable[[], Awaitable[Fetched]]) -> None:
@@ -127,10 +88,13 @@ class _Prefetch:
         finally:
             self._done.set()
 
-    async def records(self) -> Fetched:
+    async def fetched(self) -> Fetched:
         await self._done.wait()
         if self._error is not None:
             raise self._error
+        # Unset only when its task was cancelled, and its task group with it: then so is
+        # the fetch loop waiting here.
+        assert self._fetched is not None
         return self._fetched
 
 
@@ -143,6 +107,7 @@ class Relay:
         metrics: RelayMetrics,
         *,
         producer_factory: ProducerFactory = make_producer,
+        store_factory: StoreFactory = RelayStore,
     ) -> None:
         self.config = config
         self.metrics = metrics
@@ -154,7 +119,8 @@ class Relay:
         self._mapper = RecordMapper(
             topic_template=config.topic_template, ce_source=config.ce_source
         )
-        self._store: RelayStore | None = None
+        self._store_factory = store_factory
+        self._store: OutboxStore | None = None
         self._lanes: LaneKeeper | None = None
         self._wake = WakeUp()
         # When the stop's drain time ends (set by _drain_deadline): handing the lanes back
@@ -164,17 +130,13 @@ class Relay:
         # again only what these hold.
         self._window = InFlightWindow(config.max_in_flight_batches)
         self._last_lane_tick_ok = 0.0
-        self._read_up_to = 0  # the highest seq any fetch has read
+        # Where the fetch loop is in the outbox and what its pass has seen (relay/passes.py).
+        self._passes = Passes(
+            self._window,
+            poll_interval_ms=config.poll_interval_ms,
+            batch_size=config.batch_size,
+        )
         self._bound_unreadable_said = False  # the sequence's refusal is logged once
-        # A pass bound read while the loop waited, for the next full pass to take instead
-        # of reading its own on the way to its first fetch (_refresh_bound).
-        self._spare_bound: int | None = None
-        self._bound_refreshing = False
-        # Until then every pass starts from the beginning: a failure recorded lately
-        # waits behind the cursor for its retry (relay/engine.py, _record).
-        self._full_passes_until = 0.0
-        # A fetch left rows out that the next pass must read again (held keys, lanes lost).
-        self._stepped_over = False
         # Submissions the broker may not have answered yet (answered ones are dropped).
         self._unanswered: deque[Submission] = deque()
         # How long before the local end of a lease the producer is reset if it still
@@ -199,7 +161,7 @@ class Relay:
         pool = await self._connect(stop)
         if pool is None:
             return
-        store = self._store = RelayStore(pool, instance_id=config.instance_id)
+        store = self._store = self._store_factory(pool, instance_id=config.instance_id)
         self._lanes = LaneKeeper(pool, instance_id=config.instance_id, ttl_ms=config.lease_ttl_ms)
         housekeeping = Housekeeping(store, config, self.metrics, self.liveness)
         try:
@@ -259,7 +221,7 @@ class Relay:
             if closing.cancelled_caught:  # a server that stopped answering: just drop them
                 pool.terminate()
 
-    async def _check_role_settings(self, store: RelayStore) -> None:
+    async def _check_role_settings(self, store: OutboxStore) -> None:
         """Behind a transaction pooler the planner settings come from the relay's role:
         say once which are missing (the relay is correct without them, only slower after
         a burst)."""
@@ -384,25 +346,14 @@ class Relay:
     async def _fetch_passes(
         self, stop: anyio.Event, batches: MemoryObjectSendStream[Batch], prefetching: TaskGroup
     ) -> None:
+        """Plan a fetch, run it, let the pass accept its rows, send them; wait for news
+        when a fetch was not full (relay/passes.py makes every decision about the rows)."""
         assert self._lanes is not None
         config = self.config
-        window = self._window
+        window, passes, wake = self._window, self._passes, self._wake
         # A send started now must be settled before the lease could pass to another
         # instance; the renewal cadence keeps the window open in between.
         margin_s = config.send_timeout_ms / 1000
-        poll_ms = config.poll_interval_ms
-        cursor = 0
-        # A full pass starts from the beginning of the outbox and its fetches follow each
-        # other as long as they are full. Once one is not, the fetches after it are cursor
-        # fetches: they start from the cursor (or below the lowest seq notified since),
-        # until the next full pass, at the latest a poll interval after this one began.
-        full_pass = False
-        pass_started = 0.0
-        pass_mark: int | None = None  # relay/inflight.py: keys released since the pass began
-        # The highest seq drawn before the pass's first fetch: its later fetches send
-        # nothing above it (_within_bound). None: not known, nothing is cut.
-        pass_bound: int | None = None
-        fetched_lanes: frozenset[int] = frozenset()  # the lanes the last fetch read
         # While a full batch is mapped and handed to the producer, the database already
         # reads the next one. A prefetch holds an in-flight slot of its own.
         prefetch: _Prefetch | None = None
@@ -410,18 +361,11 @@ class Relay:
             while not stop.is_set():
                 self.liveness.tick("fetch", config.poll_interval_ms)
                 if prefetch is None:
-                    if cursor and self._full_pass_due(pass_started, pass_mark):
-                        # A new pass picks up whatever was stepped over. Under a continuous
-                        # backlog a pass also ends after a poll interval; rows still in
-                        # flight are left out of its fetches (relay/engine.py, _fetch).
-                        cursor = 0
-                    if cursor == 0:
-                        full_pass = True
-                        self._stepped_over = False
-                        pass_started = time.monotonic()
-                        if pass_mark is not None:
-                            window.fetch_done(pass_mark)
-                        pass_mark = window.fetch_mark()
+                    passes.start(
+                        time.monotonic(),
+                        full_pass_requested=wake.full_pass_requested(),
+                        full_passes_until=wake.take_full_passes_until(),
+                    )
                     if self._producer.broken:
                         # Fresh sequences only once nothing is in flight on the old ones.
                         await window.wait_empty()
@@ -430,24 +374,17 @@ class Relay:
                     lanes = self._lanes.leases.publishable(margin_s)
                     if not lanes:
                         with anyio.move_on_after(config.poll_interval_ms / 1000):
-                            await self._wake.wait()
-                        self._wake.clear()
+                            await wake.wait()
+                        wake.clear()
                         continue
-                    if cursor and not fetched_lanes.issuperset(lanes):
-                        # Lanes gained (or back) since the last fetch: the cursor has moved
-                        # past their rows.
-                        self._wake.request_full_pass()
+                    if passes.lanes_gained(lanes):
+                        wake.request_full_pass()
                         continue
-                    self._wake.clear()
+                    wake.clear()
                     await window.take_slot()
-                    fetching: Awaitable[Fetched] = self._fetch(
-                        lanes,
-                        self._wake.take_start(cursor),
-                        cursor_fetch=not full_pass,
-                        opens_pass=cursor == 0,
-                    )
+                    fetching = self._fetch(passes.plan(lanes, wake.take_start(passes.cursor)))
                 else:
-                    fetching, prefetch = prefetch.records(), None
+                    fetching, prefetch = prefetch.fetched(), None
                 try:
                     fetched = await fetching
                 except DB_ERRORS as exc:
@@ -457,72 +394,38 @@ class Relay:
                         backoff_ms(1, base_ms=200, cap_ms=2_000, rng=self._rng) / 1000
                     )
                     continue
-                records, full, last_seq, mark = fetched[:4]
-                pass_cut = False
-                if fetched.cursor_fetch:
-                    if self._announced_below(fetched):
-                        # Read again from below them (the next fetch starts there),
-                        # sending none of these rows.
-                        window.fetch_done(mark)
-                        window.give_back_slot()
-                        continue
-                    records, full, last_seq = self._vouched(records, full, last_seq)
-                elif fetched.opens_pass:
-                    pass_bound = fetched.bound
-                else:
-                    records, pass_cut = _within_bound(records, pass_bound)
-                    if pass_cut:
-                        # The pass ends here and the next starts from the beginning at
-                        # once: it reads any row stepped over before its key's next one.
-                        self._wake.request_full_pass()
-                        full = True
-                fetched_lanes = frozenset(lanes)
-                if last_seq is not None:
-                    # A fetch that was not full read every visible row after its start: a
-                    # cursor that went back for a late commit returns to where it was.
-                    cursor = last_seq if full else max(cursor, last_seq)
+                accepted = passes.accept(
+                    fetched, heard_up_to=wake.heard_up_to, lowest_notified=wake.lowest_notified()
+                )
+                if accepted is None:
+                    # Read again from below the late commit (the next fetch starts there),
+                    # sending none of these rows.
+                    window.fetch_done(fetched.mark)
+                    window.give_back_slot()
+                    continue
+                if accepted.cut:
+                    # The next pass starts from the beginning at once: it reads any row stepped
+                    # over before its key's next one.
+                    wake.request_full_pass()
                 lanes = self._lanes.leases.publishable(margin_s)
-                # A pass older than a poll interval reads no further ahead: it ends here,
-                # so the next one starts from the beginning.
-                if (
-                    full
-                    and not pass_cut
-                    and lanes
-                    and fetched_lanes.issuperset(lanes)
-                    and not self._producer.broken
-                    and window.slot_free()
-                    and _elapsed_ms(pass_started) < poll_ms
+                if passes.may_prefetch(
+                    time.monotonic(),
+                    accepted,
+                    lanes,
+                    producer_broken=self._producer.broken,
+                    slot_free=window.slot_free(),
                 ):
                     await window.take_slot()
                     prefetch = _Prefetch()
-                    # From the cursor, never below it: this fetch's rows join the window
-                    # only after the prefetch's statement began (_fetch). A late commit
-                    # notified meanwhile is read by the next fetch that is not a prefetch.
                     prefetching.start_soon(
-                        prefetch.fill,
-                        partial(self._fetch, lanes, cursor, cursor_fetch=not full_pass),
+                        prefetch.fill, partial(self._fetch, passes.prefetch_plan(lanes))
                     )
-                    # Let it run as far as sending its statement (its first real wait)
-                    # before this batch is mapped: mapping never yields, and a prefetch
-                    # sent only after it would take turns with it instead of overlapping.
+                    # Let it run as far as sending its statement (its first real wait) before
+                    # this batch is mapped: mapping never yields, and a prefetch sent only
+                    # after it would take turns with it instead of overlapping.
                     await anyio.lowlevel.checkpoint()
-                # Lanes may have been handed back meanwhile, and keys held back by a
-                # failure this relay has not recorded yet (or recorded after this fetch
-                # began) are skipped: the next pass finds those rows again.
-                publishable = set(lanes)
-                # A key released since this pass began may have rows the pass stepped over.
-                since = mark if pass_mark is None else min(mark, pass_mark)
-                # While nothing is held, no row needs the per-key test (the hot path).
-                held_since = None if window.holds_nothing() else window.held_since
-                rows = [
-                    row
-                    for row in map(OutboxRow._make, records)
-                    if row.lane in publishable
-                    and not (held_since and held_since(row.aggregateid, since))
-                ]
-                if len(rows) < len(records):
-                    self._stepped_over = True
-                window.fetch_done(mark)
+                rows = passes.sendable(accepted.rows, lanes, fetched.mark)
+                window.fetch_done(fetched.mark)
                 if rows:
                     fences = dict(
                         zip(*self._lanes.leases.fences_for({r.lane for r in rows}), strict=True)
@@ -530,67 +433,29 @@ class Relay:
                     # In flight from now, before the producer has them: a hand-over must not
                     # take these lanes while a slow submit (metadata waits) is still going.
                     window.admit(rows)
-                    batch = await self._send(rows, fences)
-                    await batches.send(batch)
+                    await batches.send(await self._send(rows, fences))
                 else:
                     window.give_back_slot()
-                if not full:
+                if not accepted.full:
                     # The next fetch comes on news (or after a poll interval), also while
-                    # batches are still in flight: its fetches leave their rows out
-                    # (_fetch). So a new event never waits for the batches before it to be
-                    # recorded. It starts from the cursor, or below the lowest seq notified
-                    # meanwhile: a late commit is read before any later row of its key.
-                    full_pass = False
-                    if _elapsed_ms(pass_started) >= poll_ms / 2:
-                        # The next pass is due soon: its bound is read during the wait.
-                        self._start_bound_refresh(prefetching)
+                    # batches are still in flight: its fetches leave their rows out. So a new
+                    # event never waits for the batches before it to be recorded. It starts
+                    # from the cursor, or below the lowest seq notified meanwhile: a late
+                    # commit is read before any later row of its key.
+                    passes.ended()
+                    if passes.bound_refresh_due(time.monotonic()):
+                        prefetching.start_soon(self._refresh_bound)
                     with anyio.move_on_after(config.poll_interval_ms / 1000) as polling:
                         await self._answered()
-                        await self._wake.wait()
+                        await wake.wait()
                     if polling.cancelled_caught:
-                        # The safety net: what no notification announced (one lost with
-                        # the listening connection, a writer without the payload).
-                        self._wake.request_full_pass()
+                        # The safety net: what no notification announced (one lost with the
+                        # listening connection, a writer without the payload).
+                        wake.request_full_pass()
         finally:
             if prefetch is not None:
                 window.give_back_slot()  # its task is cancelled with the task group
-            if pass_mark is not None:
-                window.fetch_done(pass_mark)
-
-    def _full_pass_due(self, pass_started: float, pass_mark: int | None) -> bool:
-        """True when the next fetch must start from the beginning of the outbox: asked
-        for (a poll, a notification without seqs, new lanes), a poll interval after the
-        last full pass began, or while rows may wait behind the cursor that no
-        notification will announce (held keys, retries, rows this relay left out)."""
-        return (
-            self._wake.full_pass_requested()
-            or _elapsed_ms(pass_started) >= self.config.poll_interval_ms
-            or self._stepped_over
-            or time.monotonic() < self._full_passes_until
-            or pass_mark is None
-            or self._window.irregular_since(pass_mark)
-        )
-
-    def _announced_below(self, fetched: Fetched) -> bool:
-        """True when rows at or below a cursor fetch's start were notified while it ran:
-        its snapshot may hold a later row of their key, which it must not send first."""
-        late = self._wake.lowest_notified()
-        return bool(fetched.records) and late is not None and late <= fetched.start
-
-    def _vouched(
-        self, records: list[Any], full: bool, last_seq: int | None
-    ) -> tuple[list[Any], bool, int | None]:
-        """The rows of a cursor fetch it can vouch for: those up to the highest seq heard
-        of. Notifications arrive in commit order, so once a row's own is heard, so is that
-        of every transaction that committed before its transaction took its seq, among
-        them any earlier row of its key that this fetch's start could have passed over.
-        Rows after the first unheard one wait for their notification (or the next full
-        pass); the cursor stays before them."""
-        heard = self._wake.heard_up_to
-        if not records or records[-1]["seq"] <= heard:
-            return records, full, last_seq
-        kept = [r for r in records if r["seq"] <= heard]  # in seq order: a prefix
-        return kept, False, records[len(kept)]["seq"] - 1
+            passes.close()
 
     async def _answered(self) -> None:
         """Return once the broker answered every batch handed over so far.
@@ -601,66 +466,39 @@ class Relay:
         event. Only the broker's answer is waited for, never the bookkeeping after it.
         """
         while self._unanswered:
-            if self._unanswered[0].unanswered():
-                # aiokafka answers with asyncio futures, which only asyncio can wait for.
-                await asyncio.wait([sent.future for sent in self._unanswered[0].batches])
+            await self._unanswered[0].answered()
             self._unanswered.popleft()
 
-    async def _fetch(
-        self, lanes: list[int], cursor: int, *, cursor_fetch: bool, opens_pass: bool = False
-    ) -> Fetched:
-        """Ready rows after ``cursor``, minus those in flight when the statement started;
-        a full pass's first fetch (``opens_pass``) reads the pass's bound before it.
-
-        A pass that starts while batches are in flight meets their rows again. They are
-        left out by the set taken *before* the statement: a row whose outcome is recorded
-        while the statement runs may still be read, and must not be sent a second time.
-        No row joins the window meanwhile that this fetch could read: rows are admitted
-        from earlier fetches, whose rows lie below ``cursor``.
-        """
+    async def _fetch(self, plan: FetchPlan) -> Fetched:
+        """Run one fetch: a full pass's first fetch reads the pass's bound before it; the
+        rows in flight when the statement starts are left out of what it returns."""
         assert self._store is not None
         bound = None
-        if opens_pass:
-            # A bound read earlier is as sound (read before this statement starts), only
-            # lower; at light load the pass's first fetch is its only one.
-            bound, self._spare_bound = self._spare_bound, None
+        if plan.opens_pass:
+            # At light load the pass's first fetch is its only one: its bound was read
+            # while the loop waited, if it could be.
+            bound = self._passes.take_spare_bound()
             if bound is None:
                 bound = await self._pass_bound()
-        # Every row in flight was read by some fetch, so none lies above the highest seq
-        # read so far: a fetch from there on (every fetch of an ordinary pass) needs no set.
-        meets_in_flight = cursor < self._read_up_to and not self._window.empty()
-        in_flight = self._window.seqs() if meets_in_flight else frozenset()
+        left_out = self._passes.leave_out(plan)
+        # No row joins the window meanwhile that this fetch could read: rows are admitted
+        # from earlier fetches, whose rows lie below its start.
         mark = self._window.fetch_mark()
         try:
-            records = await self._store.fetch_ready(lanes, cursor, self.config.batch_size)
+            rows = await self._store.fetch_ready(plan.lanes, plan.start, self.config.batch_size)
         except BaseException:
             self._window.fetch_done(mark)
             raise
-        if records:
-            self._read_up_to = max(self._read_up_to, records[-1]["seq"])
-        return Fetched(
-            [r for r in records if r["seq"] not in in_flight] if in_flight else records,
-            full=len(records) == self.config.batch_size,
-            last_seq=records[-1]["seq"] if records else None,
-            mark=mark,
-            start=cursor,
-            cursor_fetch=cursor_fetch,
-            opens_pass=opens_pass,
-            bound=bound,
-        )
-
-    def _start_bound_refresh(self, group: TaskGroup) -> None:
-        if self._spare_bound is None and not self._bound_refreshing:
-            self._bound_refreshing = True
-            group.start_soon(self._refresh_bound)
+        return self._passes.fetched(plan, rows, mark=mark, left_out=left_out, bound=bound)
 
     async def _refresh_bound(self) -> None:
+        bound = None
         try:
-            self._spare_bound = await self._pass_bound()
+            bound = await self._pass_bound()
         except DB_ERRORS:
             pass  # the next pass reads its own
         finally:
-            self._bound_refreshing = False
+            self._passes.bound_read(bound)
 
     async def _pass_bound(self) -> int | None:
         """The highest seq drawn so far, read before a full pass's first fetch; None (and a
@@ -676,28 +514,16 @@ class Relay:
         return bound
 
     async def _send(self, rows: list[OutboxRow], fences: dict[int, int]) -> Batch:
-        records: list[KafkaRecord | None] = []
-        rejected: dict[int, BaseException] = {}
-        failed_keys: set[str] = set()
-        for index, row in enumerate(rows):
-            if row.aggregateid in failed_keys:
-                records.append(None)  # held back behind its key's failed row
-                continue
-            try:
-                records.append(self._mapper.to_record(row))
-            except RecordRejected as exc:
-                failed_keys.add(row.aggregateid)
-                records.append(None)
-                rejected[index] = exc
         # Keys held since these rows were fetched are left out where the batches are built:
         # a batch built after a failure was held carries none of its keys.
-        submission = await self._producer.submit(records, self._window.held_keys())
+        submission = await self._producer.submit(
+            rows, self._mapper.to_record, self._window.held_keys()
+        )
         while self._unanswered and not self._unanswered[0].unanswered():
             self._unanswered.popleft()  # answered: kept no longer than the window holds
         self._unanswered.append(submission)
-        submission.failures.update(rejected)
         # Hold the keys now: the next fetch may come before these failures are recorded.
-        self._window.hold(rows[index].aggregateid for index in submission.failures)
+        self._window.hold(row.aggregateid for row, _ in submission.failures)
         return Batch(rows=rows, fences=fences, submission=submission)
 
     # -- acknowledge and record ------------------------------------------------------------
@@ -736,11 +562,11 @@ class Relay:
             self._producer.reset(
                 "lease ending" if within_s >= lease_left_s else "broker did not answer in time"
             )
-        outcome = sort_outcome(batch.rows, acknowledgements, submission.failures)
+        outcome = sort_outcome(acknowledgements, submission.failures)
         # Until the failure is recorded, the database does not hold the key back yet.
-        # Failures found before sending were held back when they were found.
+        # Failures found before sending were held back when they were found. Held before
+        # anything is submitted again, as Submission.acknowledgements asks.
         self._window.hold(row.aggregateid for row, _ in outcome.refused)
-        submission.failures_held()
         if outcome.producer_broken:
             self._producer.broken = True
         return outcome
@@ -774,26 +600,22 @@ class Relay:
         config = self.config
         failed = outcome.failed
         delays = [
-            backoff_ms(
-                # not the broker's failing: the base delay, not the failure streak's
-                0
-                if f in NOT_BROKER_FAILURES
-                else self._producer.failure_streak
-                if f.retriable
-                else row.attempts,
+            retry_delay_ms(
+                failure,
+                failure_streak=self._producer.failure_streak,
+                attempts=row.attempts,
                 base_ms=config.retry_base_ms,
                 cap_ms=config.retry_cap_ms,
                 rng=self._rng,
             )
-            for row, f in failed
+            for row, failure in failed
         ]
         if delays:
             # Each failed row waits behind the cursor for its retry, and holds its key's
             # later rows back in the database: until it is due (and a poll interval more),
             # passes start from the beginning, as every pass did before cursor fetches.
-            self._full_passes_until = max(
-                self._full_passes_until,
-                time.monotonic() + (max(delays) + config.poll_interval_ms) / 1000,
+            self._wake.request_full_passes_until(
+                time.monotonic() + (max(delays) + config.poll_interval_ms) / 1000
             )
         attempt = 0
         while True:

@@ -13,7 +13,7 @@ from relay.config import RelayConfig
 from relay.liveness import Liveness
 from relay.metrics import RelayMetrics
 from relay.retry import backoff_ms
-from relay.store import RelayStore
+from relay.store import OutboxStore
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class Housekeeping:
 
     def __init__(
         self,
-        store: RelayStore,
+        store: OutboxStore,
         config: RelayConfig,
         metrics: RelayMetrics,
         liveness: Liveness,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -22,7 +22,7 @@ class Landed:
 class Acknowledgement(NamedTuple):
     """The broker's answer for one partition batch: where it landed, or why not."""
 
-    members: list[int]
+    rows: list[OutboxRow]  # in the batch's order: offsets base_offset, +1, …
     result: Landed | BaseException
 
 
@@ -69,23 +69,20 @@ class Outcome:
 
 
 def sort_outcome(
-    rows: Sequence[OutboxRow],
     acknowledgements: Iterable[Acknowledgement],
-    early_failures: Mapping[int, BaseException],
+    early_failures: Sequence[tuple[OutboxRow, BaseException]],
 ) -> Outcome:
-    """Sort a batch's rows (indexed by the acknowledgements) into published and failed."""
+    """Sort a batch's rows into published and failed: each partition batch by the broker's
+    answer, then the rows that failed before they were sent."""
     published: list[PublishedGroup] = []
     refused: list[FailedRow] = []
-    for members, result in acknowledgements:
+    for rows, result in acknowledgements:
         if isinstance(result, Landed):
-            group = [rows[index] for index in members]
             published.append(
-                PublishedGroup(result.topic, result.partition, result.base_offset, group)
+                PublishedGroup(result.topic, result.partition, result.base_offset, rows)
             )
         else:
             failure = classify_failure(result)
-            refused.extend(FailedRow(rows[index], failure) for index in members)
-    rejected = [
-        FailedRow(rows[index], classify_failure(exc)) for index, exc in early_failures.items()
-    ]
+            refused.extend(FailedRow(row, failure) for row in rows)
+    rejected = [FailedRow(row, classify_failure(exc)) for row, exc in early_failures]
     return Outcome(published, refused, rejected)

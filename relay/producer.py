@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Sequence
 from functools import partial
 
 import anyio
@@ -16,7 +16,7 @@ from relay.broker_check import bootstrap_failure
 from relay.config import RelayConfig
 from relay.producer_reset import ProducerReset, ProducerWasReset
 from relay.publisher import BatchPublisher, Submission
-from relay.records import KafkaRecord
+from relay.records import KafkaRecord, OutboxRow
 from relay.retry import backoff_ms, classify_failure
 from relay.stopping import Stopped, unless_stopped
 from relay.topics import MAX_BATCH_BYTES, TopicCatalog
@@ -156,11 +156,14 @@ class ProducerKeeper:
         self.broken = False
 
     async def submit(
-        self, records: list[KafkaRecord | None], held: Container[str] = frozenset()
+        self,
+        rows: Sequence[OutboxRow],
+        to_record: Callable[[OutboxRow], KafkaRecord],
+        held: Container[str] = frozenset(),
     ) -> Submission:
-        """Hand records to the current producer (None entries and ``held`` keys are skipped)."""
+        """Hand rows to the current producer as records (``held`` keys are skipped)."""
         assert self._publisher is not None
-        return await self._publisher.submit(records, held)
+        return await self._publisher.submit(rows, to_record, held)
 
     async def stop(self) -> None:
         """Stop the topic lookups and the current producer, if any."""

@@ -1,42 +1,22 @@
-"""Handing records to Kafka in per-partition batches, in order, with per-record results.
+"""Handing rows to Kafka in per-partition record batches, in order, with per-batch answers.
 
-The relay builds record batches itself (aiokafka's BatchBuilder) instead of calling
-``send()`` once per record: it already holds a whole fetch in memory, and one future per
-partition batch instead of one per record is most of the producer's CPU cost. Partitions
-are chosen exactly as Kafka's default partitioner does (murmur2 of the key), so a key
-lands where any other Kafka producer would put it.
-
-Order within a partition is kept against broker-side rejections too: a partition batch is
-handed to the producer only once the partition's previous batch was acknowledged. If that
-one failed (the broker rejected a record, or the producer was reset), the later batch is
-never sent and fails with :class:`PredecessorFailed`, so its rows are retried after the
-failed ones instead of overtaking them. aiokafka already sends one request per partition
-at a time, so this costs the hop between an acknowledgement and the next hand-over.
-That rule covers the batches submitted before the caller held back the failed keys
-(:meth:`Submission.failures_held`); a batch submitted later holds none of those keys
-(``submit`` leaves out held keys), so it goes: one failure does not fail its partition
-for good.
-Inside one submission, a record that fails (metadata, size) holds back the later records
-of its key: they are not sent and the caller finds them again on its next pass.
-
-Topics come from :class:`relay.topics.TopicCatalog`, which never makes a submission wait
-on a missing topic, and so do batch sizes: a partition batch is at most what its topic
-accepts. A batch of several records the broker still refuses as too large fails as
-``batch_too_large`` (retriable) and lowers the topic's batch size; only a record that alone
-exceeds its topic's ``max.message.bytes`` is ``record_too_large``, and that verdict is the
-broker's (a record larger than the cached limit is sent alone): a cached limit may be
-stale, and the broker's answer also makes the catalog read the limit again. Batches are built with
-aiokafka's ``BatchBuilder`` and the producer's compression (``_message_accumulator``
-internals, pinned as for relay/producer_reset.py).
+This module owns the batches: it maps rows to records, groups them by topic-partition,
+chooses partitions as Kafka's default partitioner does (murmur2 of the key) and hands each
+partition's batches over one after the other. Its invariant: **a partition batch is handed
+over only once the partition's previous batch was acknowledged**, and if that one failed,
+the later one fails too (:class:`PredecessorFailed`) unless the caller had held the failed
+keys back before the later one was built — so no row overtakes an earlier failed row of its
+key. Inside one submission, a row that fails (mapping, topic, size) holds back the later
+rows of its key. Why batches are built here rather than with ``send()``, and how topic
+limits and refusals are handled: docs/relay.md, "Publishing" and "Topics".
 """
 
 from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import anyio
@@ -46,7 +26,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.producer.message_accumulator import BatchBuilder
 
 from relay.outcome import Acknowledgement, Landed
-from relay.records import KafkaRecord, RecordRejected
+from relay.records import KafkaRecord, OutboxRow, RecordRejected
 from relay.retry import BatchTooLarge, PredecessorFailed
 from relay.topics import TopicCatalog
 
@@ -55,38 +35,76 @@ _PARTITION_CACHE_LIMIT = 200_000
 
 @dataclass(frozen=True, slots=True)
 class SubmittedBatch:
-    """One partition batch handed to the producer: the records at ``members`` (indices
-    into the submitted list) have offsets base + 0, 1, 2, … in that order."""
+    """One partition batch handed to the producer: its ``rows`` have offsets base + 0, 1,
+    2, … in that order."""
 
     future: asyncio.Future[Any]
-    members: list[int]
+    rows: list[OutboxRow]
+
+
+class HoldLedger:
+    """When the caller held back the keys of failed batches, counted in submissions.
+
+    A batch whose partition's previous batch failed may carry a later row of one of that
+    batch's keys, unless the caller held those keys back before the later batch was built
+    (``submit`` leaves held keys out): then it goes.
+    """
+
+    def __init__(self) -> None:
+        self._submitted = 0
+        self._held_at: weakref.WeakKeyDictionary[asyncio.Future[Any], int] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def next_number(self) -> int:
+        """Number a new submission."""
+        self._submitted += 1
+        return self._submitted
+
+    def held(self, batches: Iterable[SubmittedBatch]) -> None:
+        """The caller holds back the keys of these batches' failed rows from now on."""
+        for sent in batches:
+            self._held_at[sent.future] = self._submitted
+
+    def held_before(self, future: asyncio.Future[Any], number: int) -> bool:
+        """True when the keys of the batch behind ``future`` were held back before the
+        submission numbered ``number`` was built."""
+        held_at = self._held_at.get(future)
+        return held_at is not None and held_at < number
 
 
 @dataclass(slots=True)
 class Submission:
-    """What became of a list of records: batches in flight and records that failed early."""
+    """What became of a list of rows: batches in flight, and rows that failed before they
+    were sent (each row with its error)."""
 
+    ledger: HoldLedger
     batches: list[SubmittedBatch] = field(default_factory=list)
-    failures: dict[int, BaseException] = field(default_factory=dict)
-    on_held: Callable[[], None] = lambda: None
-
-    def failures_held(self) -> None:
-        """The caller now holds back the keys of this submission's failed batches: later
-        submissions carry none of them, so their batches need not fail behind these."""
-        self.on_held()
+    failures: list[tuple[OutboxRow, BaseException]] = field(default_factory=list)
 
     def unanswered(self) -> bool:
         """True while the producer holds a batch of this submission without an answer."""
         return any(not sent.future.done() for sent in self.batches)
 
+    async def answered(self) -> None:
+        """Return once the broker answered every batch of this submission."""
+        if self.unanswered():
+            # aiokafka answers with asyncio futures, which only asyncio can wait for.
+            await asyncio.wait([sent.future for sent in self.batches])
+
     async def acknowledgements(self, within_s: float) -> list[Acknowledgement]:
         """Each batch's answer, in submission order; one not answered within ``within_s``
-        counts as timed out."""
+        counts as timed out.
+
+        The caller holds back the keys of every row that failed before it submits again:
+        later submissions then need not fail behind these batches.
+        """
         if self.batches:
             with anyio.move_on_after(within_s):
-                # aiokafka answers with asyncio futures, which only asyncio can wait for.
                 await asyncio.wait([sent.future for sent in self.batches])
-        return [Acknowledgement(sent.members, _answer(sent.future)) for sent in self.batches]
+        answers = [Acknowledgement(sent.rows, _answer(sent.future)) for sent in self.batches]
+        self.ledger.held(self.batches)
+        return answers
 
 
 def _answer(future: asyncio.Future[Any]) -> Landed | BaseException:
@@ -100,7 +118,7 @@ def _answer(future: asyncio.Future[Any]) -> Landed | BaseException:
 
 
 class BatchPublisher:
-    """Submits records grouped by topic-partition, preserving order within a partition."""
+    """Submits rows as records grouped by topic-partition, in order within a partition."""
 
     def __init__(self, producer: AIOKafkaProducer, topics: TopicCatalog) -> None:
         self._producer = producer
@@ -111,12 +129,7 @@ class BatchPublisher:
         self._partitions: dict[tuple[str, int, bytes], int] = {}
         # The last batch handed over per partition; the next one waits for it.
         self._tails: dict[tuple[str, int], asyncio.Future[Any]] = {}
-        # Submissions are numbered; a failed batch maps to the latest number handed out
-        # when the caller held back its keys (absent: not held yet).
-        self._submitted = 0
-        self._held_at: weakref.WeakKeyDictionary[asyncio.Future[Any], int] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._ledger = HoldLedger()
 
     def _partition(self, topic: str, known: list[int], key: bytes) -> int:
         cache_key = (topic, len(known), key)
@@ -129,30 +142,44 @@ class BatchPublisher:
         return partition
 
     async def submit(
-        self, records: list[KafkaRecord | None], held: Container[str] = frozenset()
+        self,
+        rows: Sequence[OutboxRow],
+        to_record: Callable[[OutboxRow], KafkaRecord],
+        held: Container[str] = frozenset(),
     ) -> Submission:
-        """Queue every record; None entries and records of ``held`` keys (held back by the
-        caller) are skipped, and so are the later records of their keys."""
-        submission = Submission()
-        topics = await self._topics.resolve({r.topic for r in records if r is not None})
+        """Map every row and queue its record. A row that cannot be mapped fails here;
+        rows of ``held`` keys (held back by the caller) are skipped, and so are the later
+        rows of a key that failed or was skipped."""
+        mapped: list[tuple[OutboxRow, KafkaRecord]] = []
+        rejected: list[tuple[OutboxRow, BaseException]] = []
+        rejected_keys: set[str] = set()
+        for row in rows:
+            if row.aggregateid in rejected_keys:
+                continue  # held back behind its key's row that cannot be mapped
+            try:
+                mapped.append((row, to_record(row)))
+            except RecordRejected as exc:
+                rejected_keys.add(row.aggregateid)
+                rejected.append((row, exc))
+        submission = Submission(self._ledger)
+        topics = await self._topics.resolve({record.topic for _, record in mapped})
         # From here on nothing awaits: the held keys read below are those in force when
         # the batches are handed over.
-        self._submitted += 1
-        number = self._submitted
-        submission.on_held = partial(self._mark_held, submission)
-        open_batches: dict[tuple[str, int], tuple[Any, list[int]]] = {}
-        full: list[tuple[str, int, Any, list[int]]] = []
-        failed_keys: set[bytes] = set()
-        for index, record in enumerate(records):
-            if record is None or record.key in failed_keys:
-                continue  # held back: an earlier record of its key failed here
-            if held and record.key.decode() in held:
-                failed_keys.add(record.key)  # found again once its key is no longer held
+        number = self._ledger.next_number()
+        open_batches: dict[tuple[str, int], tuple[Any, list[OutboxRow]]] = {}
+        full: list[tuple[str, int, Any, list[OutboxRow]]] = []
+        failed_keys: set[str] = set()
+        for row, record in mapped:
+            key = row.aggregateid
+            if key in failed_keys:
+                continue  # held back: an earlier row of its key failed here
+            if held and key in held:
+                failed_keys.add(key)  # found again once its key is no longer held
                 continue
             known = topics[record.topic]
             if isinstance(known, BaseException):  # classified by the caller
-                submission.failures[index] = known
-                failed_keys.add(record.key)
+                submission.failures.append((row, known))
+                failed_keys.add(key)
                 continue
             partition = self._partition(record.topic, known, record.key)
             slot = (record.topic, partition)
@@ -166,12 +193,18 @@ class BatchPublisher:
                 builder, members = self._new_batch(record.topic), []
                 open_batches[slot] = (builder, members)
                 if not self._append(builder, record):
-                    submission.failures[index] = RecordRejected(
-                        "record_too_large", "the record does not fit an empty batch"
+                    submission.failures.append(
+                        (
+                            row,
+                            RecordRejected(
+                                "record_too_large", "the record does not fit an empty batch"
+                            ),
+                        )
                     )
-                    failed_keys.add(record.key)
+                    failed_keys.add(key)
                     continue
-            members.append(index)
+            members.append(row)
+        submission.failures.extend(rejected)
         # Full batches of a partition come before its open one: order holds per partition.
         full.extend((t, p, b, m) for (t, p), (b, m) in open_batches.items() if m)
         for topic, partition, builder, members in full:
@@ -185,10 +218,6 @@ class BatchPublisher:
             submission.batches.append(SubmittedBatch(task, members))
         return submission
 
-    def _mark_held(self, submission: Submission) -> None:
-        for sent in submission.batches:
-            self._held_at[sent.future] = self._submitted
-
     async def _hand_over(
         self,
         previous: asyncio.Future[Any] | None,
@@ -200,12 +229,11 @@ class BatchPublisher:
         """Send the batch once the partition's previous batch is acknowledged; its metadata."""
         if previous is not None:
             await asyncio.wait([previous])  # never cancels or re-raises the previous batch
-            if previous.cancelled() or previous.exception() is not None:
-                held_at = self._held_at.get(previous)
-                # Failed, and its keys were not yet held back when this batch was built:
-                # this batch may carry a later record of one of them.
-                if held_at is None or held_at >= number:
-                    raise PredecessorFailed(f"an earlier batch of {topic}[{partition}] failed")
+            failed = previous.cancelled() or previous.exception() is not None
+            # Failed, and its keys were not yet held back when this batch was built: this
+            # batch may carry a later record of one of them.
+            if failed and not self._ledger.held_before(previous, number):
+                raise PredecessorFailed(f"an earlier batch of {topic}[{partition}] failed")
         size, count = builder.size(), builder.record_count()
         try:
             delivery = await self._producer.send_batch(builder, topic, partition=partition)

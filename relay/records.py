@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import msgspec
 
@@ -68,10 +68,6 @@ class OutboxRow(NamedTuple):
     attempts: int
     holds_key: bool = False
     """Fetched while waiting to be retried: the database held its key's later rows back."""
-
-    @classmethod
-    def from_record(cls, record: Any) -> OutboxRow:
-        return cls._make(record)
 
 
 class KafkaRecord(NamedTuple):

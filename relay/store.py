@@ -6,15 +6,16 @@ call these and never run SQL themselves.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple, Protocol
 
 import asyncpg
 
 from pgconnect import POOLER_STARTUP_PARAMETERS, create_pool, pool_options, pooled
 from relay import sql
 from relay.outcome import FailedRow, PublishedGroup
+from relay.records import OutboxRow
 
 # The outbox swings from empty to a large burst faster than autovacuum re-analyzes it;
 # with stale statistics the planner chose a full scan plus sort for the fetch (seconds
@@ -174,6 +175,42 @@ def _status_count(status: str) -> int:
     return int(status.rsplit(" ", 1)[-1])
 
 
+class OutboxStore(Protocol):
+    """What the relay reads and writes in the database (:class:`RelayStore` over a pool).
+
+    The engine takes a factory of these, so a test can hand it a store that pauses or
+    fails at one named step.
+    """
+
+    async def fetch_ready(
+        self, lanes: Collection[int], cursor: int, limit: int
+    ) -> list[OutboxRow]: ...
+
+    async def seq_allocated(self) -> int | None: ...
+
+    async def record_outcome(
+        self,
+        fences: Mapping[int, int],
+        published: Sequence[PublishedGroup],
+        failed: Sequence[FailedRow],
+        delays_ms: Sequence[int],
+        *,
+        max_attempts: int,
+    ) -> Recorded: ...
+
+    async def prune_receipts(self, retention_ms: int, batch_size: int) -> int: ...
+
+    async def settings_not_in_effect(self) -> list[str]: ...
+
+    async def backlog(self) -> tuple[PendingSummary, OpenWriter | None]: ...
+
+
+class StoreFactory(Protocol):
+    """Makes the relay's store over its pool (the engine calls it once per run)."""
+
+    def __call__(self, pool: asyncpg.Pool, *, instance_id: str) -> OutboxStore: ...
+
+
 class RelayStore:
     """The relay's reads and writes over its pool, each in the transaction it needs."""
 
@@ -181,13 +218,14 @@ class RelayStore:
         self._pool = pool
         self._instance_id = instance_id
 
-    async def fetch_ready(self, lanes: Sequence[int], cursor: int, limit: int) -> list[Any]:
+    async def fetch_ready(self, lanes: Collection[int], cursor: int, limit: int) -> list[OutboxRow]:
         """Ready rows of ``lanes`` after ``cursor`` in seq order, at most ``limit``."""
         # NULL asks for every lane, so the statement need not match each row against 64.
-        lane_filter = None if len(lanes) == sql.LANE_COUNT else list(lanes)
+        lane_filter = None if len(lanes) == sql.LANE_COUNT else sorted(lanes)
         async with pooled(self._pool) as conn:
-            records: list[Any] = await conn.fetch(sql.FETCH_READY, lane_filter, cursor, limit)
-        return records
+            records = await conn.fetch(sql.FETCH_READY, lane_filter, cursor, limit)
+        # The statement's columns are OutboxRow's fields, in order.
+        return list(map(OutboxRow._make, records))
 
     async def seq_allocated(self) -> int | None:
         """The highest seq drawn so far (sql.SEQ_ALLOCATED); None when this role may not

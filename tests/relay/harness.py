@@ -19,6 +19,7 @@ from relay import sql
 from relay.config import RelayConfig
 from relay.engine import Relay
 from relay.metrics import RelayMetrics
+from relay.store import RelayStore, StoreFactory
 
 INSERT = """
 INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
@@ -63,9 +64,13 @@ class RunningRelay:
 
 
 @contextlib.asynccontextmanager
-async def running_relay(config: RelayConfig) -> AsyncIterator[RunningRelay]:
+async def running_relay(
+    config: RelayConfig, *, store_factory: StoreFactory = RelayStore
+) -> AsyncIterator[RunningRelay]:
+    """A relay running in this event loop; ``store_factory`` lets a test hand it a store
+    that pauses or fails at a named step (a subclass of RelayStore)."""
     registry = CollectorRegistry()
-    relay = Relay(config, RelayMetrics.register(registry))
+    relay = Relay(config, RelayMetrics.register(registry), store_factory=store_factory)
     stop = anyio.Event()
     task = asyncio.create_task(relay.run(stop), name=f"relay {config.instance_id}")
     running = RunningRelay(relay, stop, task, registry)

@@ -15,8 +15,8 @@ import json
 from typing import Any
 
 import asyncpg
-import pytest
 
+from relay.records import OutboxRow
 from relay.store import RelayStore
 from tests.relay.harness import RunningRelay, fast_config, running_relay, wait_until
 
@@ -92,20 +92,18 @@ async def test_a_light_load_fetch_starts_from_the_cursor_not_the_beginning(
     database_url: str,
     kafka_bootstrap: str,
     topic_namespace: str,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     starts: list[int] = []
-    fetch_ready = RelayStore.fetch_ready
 
-    async def recording_fetch(store: RelayStore, lanes: Any, cursor: int, limit: int) -> Any:
-        starts.append(cursor)
-        return await fetch_ready(store, lanes, cursor, limit)
+    class RecordingStarts(RelayStore):
+        async def fetch_ready(self, lanes: Any, cursor: int, limit: int) -> list[OutboxRow]:
+            starts.append(cursor)
+            return await super().fetch_ready(lanes, cursor, limit)
 
-    monkeypatch.setattr(RelayStore, "fetch_ready", recording_fetch)
     config = fast_config(
         database_url, kafka_bootstrap, topic_namespace, poll_interval_ms=_LONG_POLL_MS
     )
-    async with running_relay(config) as running:
+    async with running_relay(config, store_factory=RecordingStarts) as running:
         await _settled(running, db)
         first = await _insert(db, "k-light", 0)
         await _all_published(db, [first["id"]], _PROMPTLY_S)
@@ -125,7 +123,6 @@ async def test_a_fetch_that_starts_above_a_commit_it_has_not_heard_of_keeps_key_
     database_url: str,
     kafka_bootstrap: str,
     topic_namespace: str,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The race a notified seq alone would lose: a late row and its key's next row both
     commit after the relay chose where its fetch starts (above the late row), and before
@@ -136,24 +133,21 @@ async def test_a_fetch_that_starts_above_a_commit_it_has_not_heard_of_keeps_key_
     staged = asyncio.Event()
     armed_above = 0
     ids: list[str] = []
-    fetch_ready = RelayStore.fetch_ready
     late_tx = late.transaction()
 
-    async def commit_behind_the_start(
-        store: RelayStore, lanes: Any, cursor: int, limit: int
-    ) -> Any:
-        if armed_above and cursor >= armed_above and not staged.is_set():
-            staged.set()
-            await late_tx.commit()
-            ids.append((await _insert(successor, "k-race", 2))["id"])
-        return await fetch_ready(store, lanes, cursor, limit)
+    class CommitBehindTheStart(RelayStore):
+        async def fetch_ready(self, lanes: Any, cursor: int, limit: int) -> list[OutboxRow]:
+            if armed_above and cursor >= armed_above and not staged.is_set():
+                staged.set()
+                await late_tx.commit()
+                ids.append((await _insert(successor, "k-race", 2))["id"])
+            return await super().fetch_ready(lanes, cursor, limit)
 
-    monkeypatch.setattr(RelayStore, "fetch_ready", commit_behind_the_start)
     config = fast_config(
         database_url, kafka_bootstrap, topic_namespace, poll_interval_ms=_LONG_POLL_MS
     )
     try:
-        async with running_relay(config) as running:
+        async with running_relay(config, store_factory=CommitBehindTheStart) as running:
             await _settled(running, db)
             await late_tx.start()
             late_row = await _insert(late, "k-race", 1)

@@ -17,9 +17,9 @@ import json
 from typing import Any
 
 import asyncpg
-import pytest
 
-from relay.store import RelayStore
+from relay.records import OutboxRow
+from relay.store import Recorded, RelayStore
 from tests.relay.harness import fast_config, running_relay, wait_until
 
 KEY = "k-race"
@@ -34,7 +34,6 @@ async def test_a_fetch_that_overlaps_a_failure_record_does_not_send_a_later_row_
     database_url: str,
     kafka_bootstrap: str,
     topic_namespace: str,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The first row of the key is refused before sending (a topic name Kafka cannot have):
     # a permanent failure, retried only in a minute.
@@ -48,30 +47,28 @@ async def test_a_fetch_that_overlaps_a_failure_record_does_not_send_a_later_row_
         max_attempts=100,
         poll_interval_ms=300,
     )
-    fetch_ready, record_outcome = RelayStore.fetch_ready, RelayStore.record_outcome
     snapshot_taken = asyncio.Event()
     fetches_after: list[int] = []
     window: Any = None
 
-    async def slow_fetch(store: RelayStore, *args: Any) -> list[Any]:
-        records = await fetch_ready(store, *args)
-        if snapshot_taken.is_set():
-            fetches_after.append(len(records))
-        elif any(r["aggregateid"] == KEY and r["seq"] != failed_seq for r in records):
-            snapshot_taken.set()
-            # Returns only once the failure is recorded and its hold released.
-            await wait_until(lambda: not window.is_held(KEY), timeout=30)
-        return records
+    class SlowFetchAfterTheSnapshot(RelayStore):
+        async def fetch_ready(self, *args: Any) -> list[OutboxRow]:
+            rows = await super().fetch_ready(*args)
+            if snapshot_taken.is_set():
+                fetches_after.append(len(rows))
+            elif any(r.aggregateid == KEY and r.seq != failed_seq for r in rows):
+                snapshot_taken.set()
+                # Returns only once the failure is recorded and its hold released.
+                await wait_until(lambda: not window.is_held(KEY), timeout=30)
+            return rows
 
-    async def record_after_the_snapshot(store: RelayStore, *args: Any, **kwargs: Any) -> Any:
-        failed = args[2]
-        if any(row.aggregateid == KEY for row, _ in failed):
-            await snapshot_taken.wait()
-        return await record_outcome(store, *args, **kwargs)
+        async def record_outcome(self, *args: Any, **kwargs: Any) -> Recorded:
+            failed = args[2]
+            if any(row.aggregateid == KEY for row, _ in failed):
+                await snapshot_taken.wait()
+            return await super().record_outcome(*args, **kwargs)
 
-    monkeypatch.setattr(RelayStore, "fetch_ready", slow_fetch)
-    monkeypatch.setattr(RelayStore, "record_outcome", record_after_the_snapshot)
-    async with running_relay(config) as running:
+    async with running_relay(config, store_factory=SlowFetchAfterTheSnapshot) as running:
         window = running.relay._window
         await wait_until(lambda: window.is_held(KEY), timeout=30)
         # The key's next row, committed while its failure is not recorded yet.

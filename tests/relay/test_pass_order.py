@@ -21,6 +21,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from relay.records import OutboxRow
 from relay.store import RelayStore
 from tests.relay.harness import fast_config, running_relay, wait_until
 
@@ -48,7 +49,6 @@ async def test_a_pass_does_not_publish_a_keys_later_row_before_one_it_stepped_ov
     database_url: str,
     kafka_bootstrap: str,
     topic_namespace: str,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     first = await db.fetchrow(INSERT_ROW, KEY, json.dumps(1))
     stepped_over = await db.fetchrow(INSERT_ROW, KEY, json.dumps(2))
@@ -62,30 +62,27 @@ async def test_a_pass_does_not_publish_a_keys_later_row_before_one_it_stepped_ov
     config = fast_config(
         database_url, kafka_bootstrap, topic_namespace, batch_size=2, poll_interval_ms=300
     )
-    fetch_ready = RelayStore.fetch_ready
     delayed = asyncio.Event()
 
-    async def fetch_after_first_is_recorded(
-        store: RelayStore, lanes: Any, cursor: int, limit: int
-    ) -> list[Any]:
-        if cursor == other["seq"] and not delayed.is_set():
-            delayed.set()
-            watcher = await asyncpg.connect(database_url)
-            try:
-                await wait_until(
-                    lambda: watcher.fetchval(
-                        "SELECT count(*) = 1 FROM outbox_receipt WHERE id = $1", first["id"]
-                    ),
-                    timeout=30,
-                )
-            finally:
-                await watcher.close()
-            # ...and its rows have left the window: the hold is gone in memory too.
-            await wait_until(lambda: first["seq"] not in window.seqs(), timeout=30)
-        return await fetch_ready(store, lanes, cursor, limit)
+    class FetchAfterFirstIsRecorded(RelayStore):
+        async def fetch_ready(self, lanes: Any, cursor: int, limit: int) -> list[OutboxRow]:
+            if cursor == other["seq"] and not delayed.is_set():
+                delayed.set()
+                watcher = await asyncpg.connect(database_url)
+                try:
+                    await wait_until(
+                        lambda: watcher.fetchval(
+                            "SELECT count(*) = 1 FROM outbox_receipt WHERE id = $1", first["id"]
+                        ),
+                        timeout=30,
+                    )
+                finally:
+                    await watcher.close()
+                # ...and its rows have left the window: the hold is gone in memory too.
+                await wait_until(lambda: first["seq"] not in window.seqs(), timeout=30)
+            return await super().fetch_ready(lanes, cursor, limit)
 
-    monkeypatch.setattr(RelayStore, "fetch_ready", fetch_after_first_is_recorded)
-    async with running_relay(config) as running:
+    async with running_relay(config, store_factory=FetchAfterFirstIsRecorded) as running:
         window = running.relay._window
         await wait_until(
             lambda: db.fetchval("SELECT count(*) = 3 FROM outbox_receipt WHERE id = ANY($1)", ids),
@@ -101,7 +98,6 @@ async def test_a_pass_does_not_publish_a_late_commits_next_row_before_it(
     database_url: str,
     kafka_bootstrap: str,
     topic_namespace: str,
-    monkeypatch: pytest.MonkeyPatch,
     notify: bool,
 ) -> None:
     """A full pass's fetches follow each other from the cursor. A row its first fetch could
@@ -126,22 +122,20 @@ async def test_a_pass_does_not_publish_a_late_commits_next_row_before_it(
             poll_interval_ms=1_000,
             notify=notify,
         )
-        fetch_ready = RelayStore.fetch_ready
         staged = asyncio.Event()
 
-        async def commit_then_fetch(
-            store: RelayStore, lanes: Any, cursor: int, limit: int
-        ) -> list[Any]:
-            if cursor == fillers[-1]["seq"] and not staged.is_set():
-                staged.set()
-                # The stepped-over row commits, then its key's next row, before this fetch.
-                await late_tx.commit()
-                later = await db.fetchrow(INSERT_ROW, KEY, json.dumps(2))
-                ids.append(later["id"])
-            return await fetch_ready(store, lanes, cursor, limit)
+        class CommitThenFetch(RelayStore):
+            async def fetch_ready(self, lanes: Any, cursor: int, limit: int) -> list[OutboxRow]:
+                if cursor == fillers[-1]["seq"] and not staged.is_set():
+                    staged.set()
+                    # The stepped-over row commits, then its key's next row, before this
+                    # fetch.
+                    await late_tx.commit()
+                    later = await db.fetchrow(INSERT_ROW, KEY, json.dumps(2))
+                    ids.append(later["id"])
+                return await super().fetch_ready(lanes, cursor, limit)
 
-        monkeypatch.setattr(RelayStore, "fetch_ready", commit_then_fetch)
-        async with running_relay(config):
+        async with running_relay(config, store_factory=CommitThenFetch):
             await wait_until(
                 lambda: db.fetchval(
                     "SELECT count(*) = 2 FROM outbox_receipt WHERE id = ANY($1)", ids

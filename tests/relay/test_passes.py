@@ -7,9 +7,8 @@ from typing import Any
 
 import anyio
 import asyncpg
-import pytest
 
-from relay.store import RelayStore
+from relay.store import Recorded, RelayStore
 from tests.relay.harness import INSERT, consume, fast_config, running_relay, wait_until
 
 _BACKLOG = 30_000
@@ -75,25 +74,23 @@ async def test_a_new_event_does_not_wait_for_the_previous_batch_to_be_recorded(
     database_url: str,
     kafka_bootstrap: str,
     topic_namespace: str,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Latency at light load: an event committed while the batch before it is acknowledged
     but not yet recorded is fetched and published at once (on its NOTIFY), not after
     that bookkeeping; the poll interval is far longer than the test may take."""
     recording = anyio.Event()
     release = anyio.Event()
-    record_outcome = RelayStore.record_outcome
 
-    async def held_first_record(self: RelayStore, *args: Any, **kwargs: Any) -> Any:
-        if not recording.is_set():
-            recording.set()
-            await release.wait()
-        return await record_outcome(self, *args, **kwargs)
+    class HeldFirstRecord(RelayStore):
+        async def record_outcome(self, *args: Any, **kwargs: Any) -> Recorded:
+            if not recording.is_set():
+                recording.set()
+                await release.wait()
+            return await super().record_outcome(*args, **kwargs)
 
-    monkeypatch.setattr(RelayStore, "record_outcome", held_first_record)
     config = fast_config(database_url, kafka_bootstrap, topic_namespace, poll_interval_ms=60_000)
     topic = f"{topic_namespace}.quick"
-    async with running_relay(config) as running:
+    async with running_relay(config, store_factory=HeldFirstRecord) as running:
         await wait_until(running.relay.ready, timeout=30)
         await db.execute(INSERT, "quick", "first-key", "quick.event", "{}")
         with anyio.fail_after(30):

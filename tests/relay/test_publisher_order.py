@@ -4,16 +4,18 @@ broker rejects is never overtaken by a later batch of the same partition."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Container
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from relay.config import RelayConfig
-from relay.publisher import BatchPublisher
+from relay.publisher import BatchPublisher, Submission
 from relay.records import KafkaRecord
 from relay.retry import HELD_BEHIND_FAILURE, RECORD_TOO_LARGE, PredecessorFailed, classify_failure
 from relay.topics import TopicCatalog
+from tests.unit.test_records import make_row
 
 _LIMIT = 2_000  # the topic's max.message.bytes: one 4 KiB record is too large
 
@@ -44,10 +46,22 @@ class _LimitsUnreadable(TopicCatalog):
         return None
 
 
-def _record(topic: str, n: int, size: int) -> KafkaRecord:
+def _record(topic: str, n: int, size: int, key: bytes = b"k") -> KafkaRecord:
     return KafkaRecord(
-        topic=topic, key=b"k", value=b'{"n":%d,"pad":"%s"}' % (n, b"x" * size), headers=[]
+        topic=topic, key=key, value=b'{"n":%d,"pad":"%s"}' % (n, b"x" * size), headers=[]
     )
+
+
+async def _submit(
+    publisher: BatchPublisher, *records: KafkaRecord, held: Container[str] = frozenset()
+) -> Submission:
+    """Submit one row per record, mapped to exactly that record."""
+    rows = [
+        make_row(seq=seq, aggregateid=record.key.decode())
+        for seq, record in enumerate(records, start=1)
+    ]
+    by_seq = {row.seq: record for row, record in zip(rows, records, strict=True)}
+    return await publisher.submit(rows, lambda row: by_seq[row.seq], held)
 
 
 async def _read_all(bootstrap: str, topic: str) -> list[bytes]:
@@ -82,14 +96,14 @@ async def test_a_rejected_batch_is_not_overtaken_by_the_next_of_its_partition(
         topics.attach(producer)
         publisher = BatchPublisher(producer, topics)
         if not first_write:
-            warmup = await publisher.submit([_record(topic, 0, 10)])
+            warmup = await _submit(publisher, _record(topic, 0, 10))
             await asyncio.wait([b.future for b in warmup.batches])
         # Three submissions in a row, as pipelined fetches hand them over: r1 is too large
         # for the topic, r2 and r3 of the same key are small.
         subs = [
-            await publisher.submit([_record(topic, 1, 4_000)]),
-            await publisher.submit([_record(topic, 2, 10)]),
-            await publisher.submit([_record(topic, 3, 10)]),
+            await _submit(publisher, _record(topic, 1, 4_000)),
+            await _submit(publisher, _record(topic, 2, 10)),
+            await _submit(publisher, _record(topic, 3, 10)),
         ]
         futures = [s.batches[0].future for s in subs]
         await asyncio.wait(futures, timeout=30)
@@ -118,21 +132,25 @@ async def test_a_partition_sends_again_once_its_failed_keys_are_held(
     topics.attach(producer)
     try:
         publisher = BatchPublisher(producer, topics)
-        refused = await publisher.submit([_record(topic, 1, 4_000)])
-        behind = await publisher.submit([_record(topic, 2, 10)])
-        await asyncio.wait([refused.batches[0].future, behind.batches[0].future], timeout=30)
-        # The caller holds the failed key back from here on (as the relay does when it
-        # settles the batch); a batch built afterwards leaves that key out and is sent.
-        refused.failures_held()
-        behind.failures_held()
-        held = await publisher.submit(
-            [_record(topic, 3, 10), KafkaRecord(topic, b"other", b'{"n":4}', [])], held={"k"}
+        refused = await _submit(publisher, _record(topic, 1, 4_000))
+        behind = await _submit(publisher, _record(topic, 2, 10))
+        # The answers are taken, and the caller holds the failed key back from here on (as
+        # the relay does when it settles the batch); a batch built afterwards leaves that
+        # key out and is sent.
+        await refused.acknowledgements(within_s=30)
+        await behind.acknowledgements(within_s=30)
+        held = await _submit(
+            publisher,
+            _record(topic, 3, 10),
+            KafkaRecord(topic, b"other", b'{"n":4}', []),
+            held={"k"},
         )
         await asyncio.wait([b.future for b in held.batches], timeout=30)
     finally:
         await topics.close()
         await producer.stop()
     assert isinstance(behind.batches[0].future.exception(), PredecessorFailed)
-    assert [b.members for b in held.batches] == [[1]]  # the held key's record left out
+    # the held key's record left out
+    assert [[row.aggregateid for row in b.rows] for b in held.batches] == [["other"]]
     assert held.batches[0].future.exception() is None
     assert [v[:6] for v in await _read_all(kafka_bootstrap, topic)] == [b'{"n":4']

@@ -24,7 +24,6 @@ import pytest
 
 from relay import sql
 from relay.outcome import PublishedGroup
-from relay.records import OutboxRow
 from relay.store import RelayStore, create_relay_pool
 
 INSTANCE = "round-trip-test"
@@ -72,11 +71,10 @@ async def test_a_fetch_and_the_record_of_a_published_batch_are_one_statement_eac
         store = RelayStore(pool, instance_id=INSTANCE)
         await store.fetch_ready(list(range(sql.LANE_COUNT)), 0, 10)  # statements prepared
         with counted_statements(monkeypatch) as sent:
-            records = await store.fetch_ready(list(range(sql.LANE_COUNT)), 0, 10)
-        assert len(records) == 3
+            rows = await store.fetch_ready(list(range(sql.LANE_COUNT)), 0, 10)
+        assert len(rows) == 3
         assert len(sent) == 1, sent
 
-        rows = [OutboxRow.from_record(r) for r in records]
         group = PublishedGroup("t", 0, 40, rows)
         with counted_statements(monkeypatch) as sent:
             recorded = await store.record_outcome(fences, [group], [], [], max_attempts=5)
@@ -113,8 +111,7 @@ async def test_an_event_published_before_gets_its_receipt_moved_to_the_new_offse
     pool = await create_relay_pool(database_url)
     try:
         store = RelayStore(pool, instance_id=INSTANCE)
-        records = await store.fetch_ready(list(range(sql.LANE_COUNT)), 0, 10)
-        rows = [OutboxRow.from_record(r) for r in records]
+        rows = await store.fetch_ready(list(range(sql.LANE_COUNT)), 0, 10)
         with counted_statements(monkeypatch) as sent:
             recorded = await store.record_outcome(
                 fences, [PublishedGroup("t", 0, 40, rows)], [], [], max_attempts=5
@@ -145,8 +142,8 @@ async def test_the_bookkeeping_commit_setting_does_not_stay_on_the_pooled_connec
     pool = await create_relay_pool(database_url)
     try:
         store = RelayStore(pool, instance_id=INSTANCE)
-        records = await store.fetch_ready(list(range(sql.LANE_COUNT)), 0, 10)
-        group = PublishedGroup("t", 0, 0, [OutboxRow.from_record(r) for r in records])
+        rows = await store.fetch_ready(list(range(sql.LANE_COUNT)), 0, 10)
+        group = PublishedGroup("t", 0, 0, rows)
         await store.record_outcome(fences, [group], [], [], max_attempts=5)
         # Every connection the pool can hand out, the one that recorded among them.
         connections = [await pool.acquire() for _ in range(pool.get_max_size())]

@@ -1,10 +1,14 @@
-"""Sorting a batch by the broker's answers into published and failed rows. Pure."""
+"""Sorting a batch by the broker's answers into published and failed rows, and the ledger of
+when failed batches' keys were held. Pure."""
 
 from __future__ import annotations
+
+import asyncio
 
 from aiokafka import errors as kafka_errors
 
 from relay.outcome import Acknowledgement, FailedRow, Landed, PublishedGroup, sort_outcome
+from relay.publisher import HoldLedger, SubmittedBatch
 from relay.records import OutboxRow, RecordRejected
 from relay.retry import BROKER_TIMEOUT, BROKER_UNAVAILABLE, PRODUCER_STATE, FailureClass
 from tests.unit.test_records import make_row
@@ -12,14 +16,13 @@ from tests.unit.test_records import make_row
 ROWS: list[OutboxRow] = [make_row(seq=seq, aggregateid=f"k{seq}") for seq in range(6)]
 
 
-def test_landed_batches_are_published_groups_with_their_rows_in_member_order() -> None:
+def test_landed_batches_are_published_groups_with_their_rows_in_batch_order() -> None:
     outcome = sort_outcome(
-        ROWS,
         [
-            Acknowledgement([0, 2], Landed("t", 1, 40)),
-            Acknowledgement([1, 3], Landed("t", 0, 7)),
+            Acknowledgement([ROWS[0], ROWS[2]], Landed("t", 1, 40)),
+            Acknowledgement([ROWS[1], ROWS[3]], Landed("t", 0, 7)),
         ],
-        {},
+        [],
     )
     assert outcome.published == [
         PublishedGroup("t", 1, 40, [ROWS[0], ROWS[2]]),
@@ -32,13 +35,12 @@ def test_landed_batches_are_published_groups_with_their_rows_in_member_order() -
 
 def test_each_member_of_a_failed_batch_fails_with_the_batch_s_class() -> None:
     outcome = sort_outcome(
-        ROWS,
         [
-            Acknowledgement([0], Landed("t", 0, 1)),
-            Acknowledgement([1, 2], kafka_errors.KafkaConnectionError()),
-            Acknowledgement([3], TimeoutError()),  # never answered in time
+            Acknowledgement([ROWS[0]], Landed("t", 0, 1)),
+            Acknowledgement([ROWS[1], ROWS[2]], kafka_errors.KafkaConnectionError()),
+            Acknowledgement([ROWS[3]], TimeoutError()),  # never answered in time
         ],
-        {},
+        [],
     )
     assert outcome.published_count == 1
     assert outcome.refused == [
@@ -51,9 +53,11 @@ def test_each_member_of_a_failed_batch_fails_with_the_batch_s_class() -> None:
 
 def test_early_failures_come_after_the_broker_s_and_keep_their_own_class() -> None:
     outcome = sort_outcome(
-        ROWS,
-        [Acknowledgement([0], kafka_errors.KafkaTimeoutError())],
-        {4: RecordRejected("invalid_topic", "bad name"), 5: kafka_errors.KafkaConnectionError()},
+        [Acknowledgement([ROWS[0]], kafka_errors.KafkaTimeoutError())],
+        [
+            (ROWS[4], RecordRejected("invalid_topic", "bad name")),
+            (ROWS[5], kafka_errors.KafkaConnectionError()),
+        ],
     )
     assert outcome.refused == [FailedRow(ROWS[0], BROKER_TIMEOUT)]
     assert outcome.rejected == [
@@ -65,13 +69,31 @@ def test_early_failures_come_after_the_broker_s_and_keep_their_own_class() -> No
 
 def test_a_sequence_error_from_the_broker_breaks_the_producer() -> None:
     outcome = sort_outcome(
-        ROWS, [Acknowledgement([0], kafka_errors.OutOfOrderSequenceNumber())], {}
+        [Acknowledgement([ROWS[0]], kafka_errors.OutOfOrderSequenceNumber())], []
     )
     assert outcome.refused == [FailedRow(ROWS[0], PRODUCER_STATE)]
     assert outcome.producer_broken
 
 
 def test_a_sequence_error_before_sending_does_not_break_the_producer() -> None:
-    outcome = sort_outcome(ROWS, [], {0: kafka_errors.UnknownProducerId()})
+    outcome = sort_outcome([], [(ROWS[0], kafka_errors.UnknownProducerId())])
     assert outcome.rejected == [FailedRow(ROWS[0], PRODUCER_STATE)]
     assert not outcome.producer_broken
+
+
+# -- the hold ledger (relay/publisher.py) ----------------------------------------------------------
+async def test_a_batch_built_after_its_predecessor_s_keys_were_held_may_go() -> None:
+    ledger = HoldLedger()
+    loop = asyncio.get_running_loop()
+    failed: asyncio.Future[None] = loop.create_future()
+    before = ledger.next_number()  # built while the failed batch's keys were not held
+    ledger.held([SubmittedBatch(failed, [])])
+    after = ledger.next_number()
+    assert not ledger.held_before(failed, before)
+    assert ledger.held_before(failed, after)
+
+
+async def test_a_batch_whose_keys_were_never_held_holds_every_later_one_back() -> None:
+    ledger = HoldLedger()
+    never_held: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    assert not ledger.held_before(never_held, ledger.next_number())

@@ -264,11 +264,11 @@ def test_default_limit_is_the_producers_request_size() -> None:
         mapper().to_record(make_row(payload=payload))
 
 
-def test_from_record_builds_a_row_in_field_order() -> None:
+def test_a_row_is_built_from_the_fetch_s_columns_in_field_order() -> None:
     row = make_row()
     values = tuple(getattr(row, name) for name in OutboxRow._fields)
-    assert OutboxRow.from_record(values) == row
-    assert OutboxRow.from_record(values).aggregateid == row.aggregateid
+    assert OutboxRow._make(values) == row
+    assert OutboxRow._make(values).aggregateid == row.aggregateid
 
 
 # -- ce_time ----------------------------------------------------------------------------------
