@@ -7,15 +7,22 @@ already proved:
 
 * a terminal job (``completed``/``quarantined``) never changes again, so its ``updated_at``
   is fixed;
-* its event, once present (pending in ``outbox`` or recorded in ``outbox_receipt``), stays
-  present for the whole window (receipts are kept at least ``lookback_ms``; when they are
-  not, the family is unknown anyway).
+* its receipt, once recorded in ``outbox_receipt``, stays for the whole window (receipts
+  are kept at least ``lookback_ms``; when they are not, the family is unknown anyway).
 
-So a job found covered needs no checking on every evaluation (the rolling re-check below
-covers the exceptions). The tracker keeps a watermark ``W``
-(database clock, kept to the microsecond) below which every terminal job has been checked,
-and the refs of the jobs found missing below it. Each evaluation checks only jobs with ``updated_at`` in
-``[W, clock - grace)`` and re-checks the remembered missing refs.
+So a job found covered by its receipt needs no checking on every evaluation (the rolling
+re-check below covers the exceptions). Coverage by an event still pending in ``outbox`` is
+provisional: that row may yet be deleted unpublished (by hand, by a purge) instead of
+becoming a receipt. The tracker keeps a watermark ``W`` (database clock, kept to the
+microsecond) below which every terminal job has been checked, the refs of the jobs found
+missing below it, and the refs of the jobs below it covered only by a pending event. Each
+evaluation checks only jobs with ``updated_at`` in ``[W, clock - grace)`` and re-checks
+both kinds of remembered refs by primary key: a job whose receipt now exists is forgotten
+(covered for good), one whose pending event is gone is missing, one whose event is still
+pending stays provisional. So a pending event deleted unpublished is counted by the first
+evaluation after both the deletion and the job's grace, as the one-shot check counts it.
+Few jobs are covered that way in a healthy system: only those whose events still wait
+for the relay once their grace has passed.
 
 **Where W may move** (the xact_start rule). A row written by a transaction still open has
 ``updated_at`` at or after that transaction's start (the writers use ``clock_timestamp()``),
@@ -27,23 +34,32 @@ began after it (so its start is later than ``U``). Nothing with ``updated_at < U
 later, so after the check ``W = U``. Jobs in ``[U, clock - grace)`` are checked and counted
 but not remembered: they are checked again next time.
 
-**What the watermark cannot see, and the rolling re-check.** Two things can change below
-``W`` after it was checked: a covered job's pending event deleted unpublished (by hand, or
-a purge), and a job written with an ``updated_at`` already below ``W`` (back-dated). The
-one-shot check sees both at once. The sidecar re-checks the settled part of the window
+**What the watermark cannot see, and the rolling re-check.** What changes below ``W``
+after it was checked, other than a remembered job, is a job written with an
+``updated_at`` already below ``W`` (back-dated), or a receipt deleted by hand. The one-shot
+check sees it at once. The sidecar re-checks the settled part of the window
 ``[clock - lookback, W)`` as a rolling sweep: each evaluation checks the next slice after
 a cursor, sized by the database time elapsed since the previous evaluation so that the
 cursor overtakes the (moving) window once per ``recheck_period_ms``, then wraps to the
-window start. Anything the sweep finds missing joins the remembered refs. So the sidecar
-agrees with the one-shot check at most ``recheck_period_ms`` plus one evaluation interval
-after such a change, and each evaluation re-reads about ``interval / recheck_period_ms``
-of the window (``recheck_period_ms = 0``: all of it, every time).
+window start. Anything the sweep finds missing, or covered only by a pending event, joins
+the remembered refs. So the sidecar agrees with the one-shot check at most
+``recheck_period_ms`` plus one evaluation interval after such a change, and each
+evaluation re-reads about ``interval / recheck_period_ms`` of the window
+(``recheck_period_ms = 0``: all of it, every time).
+
+**Cost.** One evaluation reads the terminal jobs that entered ``[W, clock - grace)`` since
+the previous one, the rolling slice, and each remembered ref (at most
+:data:`MAX_REMEMBERED` missing plus :data:`MAX_PROVISIONAL` provisional): an index entry
+and a receipt lookup per job, and a pending-event lookup for a job without a receipt.
+The slice is a fixed share of the window; the rest follows the completion rate, the
+missing jobs and the relay's backlog past the grace, not the terminal history.
 
 The remembered refs are internal state: never logged, served or put in evidence.
 Whenever the state cannot be trusted — first evaluation, a probe error or timeout, a
 changed ``grace_ms``/``lookback_ms``, the database clock going backwards, a horizon earlier
-than ``W``, an open transaction the role may not see, a prepared transaction, or more than
-:data:`MAX_REMEMBERED` missing jobs — the tracker does the full check instead.
+than ``W``, an open transaction the role may not see, a prepared transaction, more than
+:data:`MAX_REMEMBERED` missing jobs or more than :data:`MAX_PROVISIONAL` jobs covered only
+by a pending event — the tracker does the full check instead.
 """
 
 from __future__ import annotations
@@ -81,6 +97,11 @@ evaluation)."""
 
 MAX_REMEMBERED = 10_000
 """Over this many missing jobs the family is far out of bounds: fall back to the full check."""
+
+MAX_PROVISIONAL = 10_000
+"""Over this many jobs covered only by a pending event (their events wait to be published
+past the grace: a relay far behind) the re-check of each on every evaluation is no longer
+small: fall back to the full check."""
 
 HORIZON_MARGIN_MS = 1000
 """Kept below the horizon: absorbs the instant between a transaction taking its start time
@@ -135,58 +156,63 @@ CROSS JOIN (
 """
 )
 
-# Statement 2, one snapshot: the terminal jobs without an event (the family's one rule)
-# in [$1, $2) (new since the watermark, through clock - grace; at most $4 rows), each
-# flagged `settled` when it is below the horizon $3, and the rolling re-check's slice
-# [$5, $6) below the watermark (at most $4 rows); with remembered refs, also those of
-# $7 that are still missing and still inside the window [$8, $2). Bounds are unix
-# microseconds, exactly the database's timestamp precision, so the window is the full
-# check's to the microsecond.
+# Statement 2, one snapshot: the terminal jobs without a receipt, each flagged `pending`
+# when an event in `outbox` covers it (provisionally) and otherwise missing (the family's
+# one rule), in [$1, $2) (new since the watermark, through clock - grace; at most $4
+# rows), each flagged `settled` when it is below the horizon $3, and the rolling
+# re-check's slice [$5, $6) below the watermark (at most $4 rows); with remembered refs,
+# also those of $7 that still have no receipt and are still inside the window [$8, $2).
+# Bounds are unix microseconds, exactly the database's timestamp precision, so the window
+# is the full check's to the microsecond.
 #
 # It runs on one cached generic plan per connection (see GENERIC_PLAN_TRANSACTION), so it must have
 # a plan that is right whatever the bounds and the table sizes: an index range scan of the
 # terminal partial index, each row probed by index for its receipt, then its pending
 # event. The probes are scalar subqueries, which PostgreSQL never turns into hash or merge
 # joins (NOT EXISTS becomes an anti-join, or a hashed subplan, that a plan built for one
-# state would keep for another); COALESCE asks for the pending event only when there is
-# no receipt, the usual case being a published job.
+# state would keep for another).
 _EPOCH = "timestamptz 'epoch' + {}::bigint * interval '1 microsecond'"
 
-_WITHOUT_EVENT = f"""{TERMINAL_JOB}
-   AND COALESCE(({RECEIPT_OF_JOB}
-          LIMIT 1),
-        ({PENDING_EVENT_OF_JOB}
-          LIMIT 1)) IS NULL"""
+# A terminal job without a receipt: missing, or covered only provisionally by a pending
+# event, which the select list then asks for (only for such a job: a published one, the
+# usual case, costs its receipt lookup alone).
+_WITHOUT_RECEIPT = f"""{TERMINAL_JOB}
+   AND ({RECEIPT_OF_JOB}
+        LIMIT 1) IS NULL"""
+_PENDING = f"""({PENDING_EVENT_OF_JOB}
+          LIMIT 1) IS NOT NULL"""
 
 
-def _missing_between(lower: str, upper: str, settled: str) -> str:
-    """SQL: at most $4 terminal jobs without an event with ``updated_at`` in [lower, upper)."""
+def _without_receipt_between(lower: str, upper: str, settled: str) -> str:
+    """SQL: at most $4 terminal jobs without a receipt with ``updated_at`` in [lower, upper)."""
     return f"""
 (SELECT job.scoring_job_ref AS ref,
         {settled} AS settled,
+        {_PENDING} AS pending,
         {unix_ms("job.updated_at")} AS updated_at_unix_ms
  FROM scoring_job_state AS job
  WHERE job.updated_at >= {_EPOCH.format(lower)}
    AND job.updated_at < {_EPOCH.format(upper)}
-   AND {_WITHOUT_EVENT}
+   AND {_WITHOUT_RECEIPT}
  LIMIT $4)"""
 
 
 COMPLETION_INCREMENT = f"""
-{_missing_between("$1", "$2", f"job.updated_at < {_EPOCH.format('$3')}")}
+{_without_receipt_between("$1", "$2", f"job.updated_at < {_EPOCH.format('$3')}")}
 UNION ALL
-{_missing_between("$5", "$6", "true")}
+{_without_receipt_between("$5", "$6", "true")}
 """
 
 # The remembered refs are looked up by primary key; OFFSET 0 keeps the window test out of
 # that scan, so that no plan reads the whole window through the range index to find them.
 COMPLETION_INCREMENT_WITH_REMEMBERED = f"""{COMPLETION_INCREMENT}
 UNION ALL
-(SELECT remembered.ref, true AS settled, {unix_ms("remembered.updated_at")} AS updated_at_unix_ms
- FROM (SELECT job.scoring_job_ref AS ref, job.updated_at
+(SELECT remembered.ref, true AS settled, remembered.pending,
+        {unix_ms("remembered.updated_at")} AS updated_at_unix_ms
+ FROM (SELECT job.scoring_job_ref AS ref, job.updated_at, {_PENDING} AS pending
        FROM scoring_job_state AS job
        WHERE job.scoring_job_ref = ANY($7::text[])
-         AND {_WITHOUT_EVENT}
+         AND {_WITHOUT_RECEIPT}
        OFFSET 0) AS remembered
  WHERE remembered.updated_at >= {_EPOCH.format("$8")}
    AND remembered.updated_at < {_EPOCH.format("$2")})
@@ -232,6 +258,7 @@ class _State:
         "horizon_us",
         "lookback_ms",
         "missing",
+        "provisional",
         "sweep_us",
         "watermark_us",
     )
@@ -245,6 +272,7 @@ class _State:
         horizon_us: int,
         clock_us: int,
         missing: frozenset[str],
+        provisional: frozenset[str],
         sweep_us: int,
     ) -> None:
         self.grace_ms = grace_ms
@@ -253,11 +281,16 @@ class _State:
         self.horizon_us = horizon_us
         self.clock_us = clock_us
         self.missing = missing
+        self.provisional = provisional
+        """Settled jobs covered only by a pending event: re-checked on every evaluation."""
         self.sweep_us = sweep_us
         """Where the rolling re-check goes on; below the window start means its start."""
 
     def __repr__(self) -> str:  # never the refs
-        return f"_State(watermark_us={self.watermark_us}, remembered={len(self.missing)})"
+        return (
+            f"_State(watermark_us={self.watermark_us}, remembered={len(self.missing)},"
+            f" provisional={len(self.provisional)})"
+        )
 
 
 class CompletionTracker:
@@ -267,6 +300,7 @@ class CompletionTracker:
         self,
         *,
         max_remembered: int = MAX_REMEMBERED,
+        max_provisional: int = MAX_PROVISIONAL,
         margin_ms: int = HORIZON_MARGIN_MS,
         recheck_period_ms: int = RECHECK_PERIOD_MS,
         session_plans: bool = False,
@@ -281,6 +315,7 @@ class CompletionTracker:
         if recheck_period_ms < 0:
             raise HealthSettingError("the completion re-check period must not be negative")
         self._max = max_remembered
+        self._max_provisional = max_provisional
         self._margin_ms = margin_ms
         self._recheck_period_ms = recheck_period_ms
         self._session_plans = session_plans
@@ -296,6 +331,11 @@ class CompletionTracker:
     def remembered_count(self) -> int:
         """How many missing jobs are remembered (a number only; the refs stay inside)."""
         return 0 if self._state is None else len(self._state.missing)
+
+    @property
+    def provisional_count(self) -> int:
+        """How many jobs covered only by a pending event are re-checked (a number only)."""
+        return 0 if self._state is None else len(self._state.provisional)
 
     @property
     def watermark_ms(self) -> int | None:
@@ -373,7 +413,8 @@ class CompletionTracker:
             scan_from, remembered = lower_us, frozenset[str]()
             sweep_from = sweep_to = next_sweep = lower_us
         else:
-            scan_from, remembered = max(state.watermark_us, lower_us), state.missing
+            scan_from = max(state.watermark_us, lower_us)
+            remembered = state.missing | state.provisional
             sweep_from = max(state.sweep_us, lower_us)
             sweep_to = min(
                 scan_from,
@@ -385,7 +426,9 @@ class CompletionTracker:
             scan_from,
             upper_us,
             settle_us,
-            self._max + 1,
+            # Rows of either kind: a statement part cut at this limit holds more of one
+            # kind than its bound, so the cut never hides a state that would fit.
+            self._max + self._max_provisional + 1,
             sweep_from,
             sweep_to,
         )
@@ -395,8 +438,10 @@ class CompletionTracker:
         else:
             statement = COMPLETION_INCREMENT
         rows = await fetch_probe_rows(conn, statement, *args)
-        missing = {row["ref"]: row for row in rows}
-        if len(missing) > self._max:
+        without_receipt = {row["ref"]: row for row in rows}
+        missing = {ref: row for ref, row in without_receipt.items() if not row["pending"]}
+        provisional = without_receipt.keys() - missing.keys()
+        if len(missing) > self._max or len(provisional) > self._max_provisional:
             return None
         oldest = min((row["updated_at_unix_ms"] for row in missing.values()), default=None)
         if state is None:
@@ -411,6 +456,8 @@ class CompletionTracker:
             horizon_us=settle_us,
             clock_us=clock_us,
             missing=frozenset(ref for ref, row in missing.items() if row["settled"]),
+            # Unsettled ones are read again anyway: the next scan starts at or below them.
+            provisional=frozenset(ref for ref in provisional if without_receipt[ref]["settled"]),
             sweep_us=next_sweep,
         )
         return CompletionOutboxEvidence(
@@ -449,6 +496,7 @@ class CompletionTracker:
 
 __all__ = [
     "HORIZON_MARGIN_MS",
+    "MAX_PROVISIONAL",
     "MAX_REMEMBERED",
     "RECHECK_PERIOD_MS",
     "CompletionTracker",
