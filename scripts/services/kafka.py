@@ -319,7 +319,8 @@ class KafkaBroker(Service):
             raise failure("kafka", "storage format failed", output=done.stdout + done.stderr)
         stamp.write_text(wanted + "\n")
 
-    def start(self) -> None:
+    def configure(self) -> None:
+        """Write server.properties."""
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         self.properties.write_text(
             "# written by python -m scripts.services; a change restarts the broker\n"
@@ -327,6 +328,9 @@ class KafkaBroker(Service):
             + "\n"
         )
         self.properties.chmod(0o600)  # it holds the PLAIN user's password
+
+    def start(self) -> None:
+        self.configure()
         self.format()
         log.info("kafka: starting Apache Kafka %s (KRaft) on %s", kafka_version(), self.bootstrap)
         # server.log is appended to across starts: progress is read from where it ends now
@@ -347,10 +351,13 @@ class KafkaBroker(Service):
     def progress(self) -> str | None:
         try:
             offset = int((self.home / "server.log.offset").read_text().strip() or 0)
+        except (OSError, ValueError):
+            offset = 0
+        try:
             with self.log_file().open("rb") as f:
                 f.seek(offset)
                 text = f.read().decode(errors="replace")
-        except (OSError, ValueError):
+        except OSError:
             return None
         loaded = logs_loaded(text)
         return f"loading its logs, {loaded} partitions" if loaded else None

@@ -141,6 +141,11 @@ class Orchestrator:
     # -- up -----------------------------------------------------------------------------------
     def start(self, service: Service) -> None:
         """Start one service on free ports, record its settings, wait until it answers."""
+        self._launch(service)
+        wait_until_ready(service)
+        log.info("%s: ready", service.name)
+
+    def _launch(self, service: Service) -> None:
         for port in service.ports():
             holder = port_taken_by(port)
             if holder:
@@ -151,8 +156,6 @@ class Orchestrator:
         wanted = fingerprint(service.settings())
         service.start()
         self._settings_file(service).write_text(wanted + "\n")
-        wait_until_ready(service)
-        log.info("%s: ready", service.name)
 
     def up(self, names: Sequence[str] = (), environ: Mapping[str, str] | None = None) -> list[str]:
         """Start what is missing or runs with other settings; write ``.services/env``.
@@ -182,9 +185,7 @@ class Orchestrator:
                         "%s: skipped, it fronts only this checkout's %s", name, service.needs[0]
                     )
                     continue
-                if self._bring_up(service):
-                    started.append(name)
-                    self.started_file.write_text("".join(f"{s}\n" for s in started))
+                self._bring_up(service, started)
                 values |= service.env()
             owned = {key for name in chosen for key in self.services[name].env_keys()}
             owned |= {self.services[name].address_variable or "" for name in chosen} - {""}
@@ -198,19 +199,27 @@ class Orchestrator:
             )
             return started
 
-    def _bring_up(self, service: Service) -> bool:
-        """Up one service; True when it was (re)started, False when it ran as declared."""
+    def _bring_up(self, service: Service, started: list[str]) -> None:
+        """Up one service. One it (re)starts joins ``started`` (and the started file) once
+        launched, before it answers: one that fails to come up is stopped all the same by
+        whoever stops what this ``up`` started."""
         service.install()
         wanted = fingerprint(service.settings())
         if service.running():
             if self._recorded(service) == wanted:
                 wait_until_ready(service)
                 log.info("%s: running with the declared settings, reusing it", service.name)
-                return False
+                return
             log.info("%s: runs with other settings than declared; restarting it", service.name)
             service.stop()
-        self.start(service)
-        return service.pid() is not None
+        try:
+            self._launch(service)
+        finally:
+            if service.pid() is not None:
+                started.append(service.name)
+                self.started_file.write_text("".join(f"{name}\n" for name in started))
+        wait_until_ready(service)
+        log.info("%s: ready", service.name)
 
     @staticmethod
     def _read(path: Path) -> str:
