@@ -55,7 +55,8 @@ def dev_services(layout: Layout, ports: PortPlan) -> list[Service]:
     )
     kafka = KafkaBroker(
         ports=ports,
-        home=layout.state / "kafka",
+        # not .services/kafka: a broker the shell scripts started may still log there
+        home=layout.state / "broker",
         lib=layout.state / "kafka-lib",
         profile=DEV_PROFILE,
         tls=tls,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import subprocess
 import sys
 from collections import defaultdict
@@ -14,7 +15,8 @@ import asyncpg
 import pytest
 
 from scripts.services.host import pid_listening_on
-from scripts.services.plan import Layout
+from scripts.services.orchestrator import dev_services
+from scripts.services.plan import Layout, PortPlan, port_base
 from tests.relay.harness import INSERT, consume, fast_config, running_relay, wait_until
 from tests.services import REQUIRED
 
@@ -133,12 +135,12 @@ def _services(*args: str) -> None:
 
 def _this_checkouts_broker(bootstrap: str) -> bool:
     """True when the broker behind ``bootstrap`` is the one this checkout's services run."""
+    layout = Layout.for_checkout(REPO)
+    (broker,) = [
+        s for s in dev_services(layout, PortPlan(port_base(os.environ))) if s.name == "kafka"
+    ]
     pid = pid_listening_on(bootstrap.split(",", 1)[0])
-    pid_file = Layout.for_checkout(REPO).state / "kafka" / "kafka.pid"
-    try:
-        return pid is not None and int(pid_file.read_text().strip()) == pid
-    except (OSError, ValueError):
-        return False
+    return pid is not None and broker.pid() == pid
 
 
 async def test_broker_stopped_and_restarted_mid_stream_loses_nothing(
