@@ -39,7 +39,8 @@ def dev_services(layout: Layout, ports: PortPlan) -> list[Service]:
         binaries=DebianBinaries(15),
         port=ports.pg15,
         home=layout.postgres_side / "pg15",
-        # localhost, not 127.0.0.1: the certificate names localhost, and tests verify it
+        # localhost (127.0.0.1 and ::1 where there is one): the name tests reach it by and
+        # the one its certificate carries
         listen="localhost",
         settings=(*COMMON_SETTINGS, *LOGICAL_WAL_SETTINGS),
         tls=tls,
@@ -55,7 +56,7 @@ def dev_services(layout: Layout, ports: PortPlan) -> list[Service]:
     )
     kafka = KafkaBroker(
         ports=ports,
-        # not .services/kafka: a broker the shell scripts started may still log there
+        # not .services/kafka, where a broker of an older layout may still be logging
         home=layout.state / "broker",
         lib=layout.state / "kafka-lib",
         profile=DEV_PROFILE,
