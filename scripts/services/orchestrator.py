@@ -243,7 +243,9 @@ class Orchestrator:
             stopped = []
             for name in reversed(self.resolve(names, with_needs=False)):
                 service = self.services[name]
-                if service.running() and service.pid() is not None:
+                if service.running():
+                    if service.pid() is None:
+                        continue  # files, not a process: they stay as they are
                     service.stop()
                     stopped.append(name)
                 self._settings_file(service).unlink(missing_ok=True)
