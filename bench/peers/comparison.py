@@ -161,7 +161,7 @@ async def drain(subject: Subject, bootstrap: str, scale: Scale) -> dict[str, Any
         await subject.load_backlog(scale.events)
         # the broker's Produce timings over the whole drain (read outside the CPU window: the
         # reader is a JVM of its own)
-        produce_before = await asyncio.to_thread(measure.read_produce_metrics)
+        produce_before = await asyncio.to_thread(measure.read_produce_metrics, bootstrap)
         started = time.monotonic()
         await subject.start()
         # CPU from the first record on: start-up (a JVM, imports, claiming lanes) is left
@@ -169,7 +169,7 @@ async def drain(subject: Subject, bootstrap: str, scale: Scale) -> dict[str, Any
         await measure.wait_for_count(
             bootstrap, topic, 1, timeout=180 + scale.events / 200, alive=subject.alive
         )
-        cpu = measure.CpuMeter(subject.client_pid())
+        cpu = measure.CpuMeter(subject.client_pid(), bootstrap)
         cpu.start()
         done = await measure.wait_for_count(
             bootstrap, topic, scale.events, timeout=180 + scale.events / 200, alive=subject.alive
@@ -177,7 +177,7 @@ async def drain(subject: Subject, bootstrap: str, scale: Scale) -> dict[str, Any
         cpu_per_event = cpu.per_event_us(scale.events)
         rss = subject.peak_rss_mb()
         produce = measure.produce_window(
-            produce_before, await asyncio.to_thread(measure.read_produce_metrics)
+            produce_before, await asyncio.to_thread(measure.read_produce_metrics, bootstrap)
         )
         await subject.stop()
         first_ms, last_ms = await measure.append_span_ms(bootstrap, topic)
@@ -216,7 +216,7 @@ async def latency(subject: Subject, bootstrap: str, scale: Scale) -> dict[str, A
         warmup = await paced(
             subject.emit, rate=scale.rate, seconds=scale.warmup_seconds, lanes=WRITER_LANES
         )
-        produce_before = await asyncio.to_thread(measure.read_produce_metrics)
+        produce_before = await asyncio.to_thread(measure.read_produce_metrics, bootstrap)
         sent = await paced(subject.emit, rate=scale.rate, seconds=scale.seconds, lanes=WRITER_LANES)
         await measure.wait_for_count(
             bootstrap,
@@ -226,7 +226,7 @@ async def latency(subject: Subject, bootstrap: str, scale: Scale) -> dict[str, A
             alive=subject.alive,
         )
         produce = measure.produce_window(
-            produce_before, await asyncio.to_thread(measure.read_produce_metrics)
+            produce_before, await asyncio.to_thread(measure.read_produce_metrics, bootstrap)
         )
         rss = subject.peak_rss_mb()
         appended = await measure.append_times_by_id(bootstrap, topic, timeout=120)

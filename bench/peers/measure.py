@@ -28,6 +28,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import UnknownTopicOrPartitionError
 
+from scripts.services.host import command_line, pid_listening_on
+
 PARTITIONS = 6
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 
@@ -294,10 +296,12 @@ def postgres_kind(title: str) -> str:
     return "backends"
 
 
-def _broker_pids() -> list[int]:
-    return [
-        pid for pid, name, args in _processes() if name == "java" and " kafka.Kafka " in f" {args} "
-    ]
+def broker_pid(bootstrap: str) -> int | None:
+    """The broker process listening on ``bootstrap`` (its first address): found by the
+    address it was given, so another broker on the machine is never mistaken for it. None
+    when it is not a process here (a container elsewhere)."""
+    pid = pid_listening_on(bootstrap.split(",", 1)[0].strip())
+    return pid if pid is not None and " kafka.Kafka " in f" {command_line(pid)} " else None
 
 
 @dataclass(frozen=True)
@@ -344,9 +348,11 @@ def postgres_snapshot() -> PostgresSnapshot:
 
 @dataclass
 class CpuMeter:
-    """CPU used by a client process, PostgreSQL and the broker from :meth:`start` on."""
+    """CPU used by a client process, PostgreSQL and the broker behind ``bootstrap`` from
+    :meth:`start` on."""
 
     client_pid: int | None
+    bootstrap: str | None = None
     _broker: list[int] | None = None
     _before: dict[str, float] | None = None
     _postgres: PostgresSnapshot | None = None
@@ -360,7 +366,8 @@ class CpuMeter:
 
     def start(self) -> None:
         """Take the broker's process and the CPU so far of it, the client and PostgreSQL's."""
-        self._broker = _broker_pids()
+        broker = broker_pid(self.bootstrap) if self.bootstrap else None
+        self._broker = [broker] if broker else []
         self._before = self._now()
         self._postgres = postgres_snapshot()
 
@@ -460,12 +467,12 @@ def _broker_jmx_url(pid: int) -> str | None:
     return None
 
 
-def read_produce_metrics() -> ProduceReading:
-    """The broker's Produce request metrics now; empty when the broker is not a process on
-    this machine (a container elsewhere) or there is no JDK to read them with."""
-    pids = _broker_pids()
+def read_produce_metrics(bootstrap: str) -> ProduceReading:
+    """The Produce request metrics of the broker behind ``bootstrap`` now; empty when it is
+    not a process on this machine (a container elsewhere) or there is no JDK to read them."""
+    pid = broker_pid(bootstrap)
     classes = _jmx_reader()
-    url = _broker_jmx_url(pids[0]) if len(pids) == 1 and classes else None
+    url = _broker_jmx_url(pid) if pid and classes else None
     out = _tool_output("java", "-cp", str(classes), "RequestMetrics", url) if url else None
     reading: ProduceReading = {}
     for line in (out or "").splitlines():

@@ -1,6 +1,6 @@
 """A real PgBouncer in transaction pooling mode in front of the suite's PostgreSQL.
 
-``DATABASE_URL_PGBOUNCER`` names it (``scripts/services.sh`` starts it in front of
+``DATABASE_URL_PGBOUNCER`` names it (``python -m scripts.services`` starts it in front of
 ``DATABASE_URL``'s server, passing every database name through). Without it these tests
 skip, or fail under ``OUTBOX_RELAY_REQUIRE_SERVICES=1``.
 """
@@ -20,7 +20,7 @@ from migrations.runner import apply, load_migrations
 from tests.conftest import with_database
 from tests.services import REQUIRED
 
-_HOW = "start it with: bash scripts/services.sh up pgbouncer"
+_HOW = "start it with: python -m scripts.services up pgbouncer"
 
 
 def _service_url(variable: str) -> str:

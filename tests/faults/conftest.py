@@ -21,7 +21,7 @@ def kafka_proxies(kafka_bootstrap: str) -> Iterator[list[FaultProxy]]:
     if not routes:
         reason = (
             f"{ROUTES_VARIABLE} is not set: no broker listener advertises a proxy address "
-            "(scripts/services.sh sets it up)"
+            "(python -m scripts.services sets it up)"
         )
         if REQUIRED:
             pytest.fail(f"OUTBOX_RELAY_REQUIRE_SERVICES=1 but {reason}")

@@ -63,7 +63,7 @@ async def test_run_starts_without_database_and_broker_and_recovers(
 ) -> None:
     routes = routes_from_env()
     if not routes:
-        reason = f"{ROUTES_VARIABLE} is not set (scripts/services.sh sets it up)"
+        reason = f"{ROUTES_VARIABLE} is not set (python -m scripts.services sets it up)"
         if REQUIRED:
             pytest.fail(f"OUTBOX_RELAY_REQUIRE_SERVICES=1 but {reason}")
         pytest.skip(reason)

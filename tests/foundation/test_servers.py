@@ -1,4 +1,4 @@
-"""What the development servers must offer beyond the schema (scripts/services.sh declares it).
+"""What the development servers must offer beyond the schema (scripts/services declares it).
 
 The benchmarks measure the relay's hot statements where they run (docs/benchmarks.md,
 "Where one event's latency goes"): on every server the suite and ``make bench`` use,

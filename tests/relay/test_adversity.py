@@ -5,13 +5,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
 import asyncpg
 import pytest
 
+from scripts.services.host import pid_listening_on
+from scripts.services.orchestrator import dev_services
+from scripts.services.plan import Layout, PortPlan, port_base
 from tests.relay.harness import INSERT, consume, fast_config, running_relay, wait_until
 from tests.services import REQUIRED
 
@@ -120,18 +125,29 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _services(*args: str) -> None:
     subprocess.run(
-        ["bash", str(REPO / "scripts" / "services.sh"), *args],
+        [sys.executable, "-m", "scripts.services", *args],
+        cwd=REPO,
         check=True,
         capture_output=True,
         timeout=300,
     )
 
 
+def _this_checkouts_broker(bootstrap: str) -> bool:
+    """True when the broker behind ``bootstrap`` is the one this checkout's services run."""
+    layout = Layout.for_checkout(REPO)
+    (broker,) = [
+        s for s in dev_services(layout, PortPlan(port_base(os.environ))) if s.name == "kafka"
+    ]
+    pid = pid_listening_on(bootstrap.split(",", 1)[0])
+    return pid is not None and broker.pid() == pid
+
+
 async def test_broker_stopped_and_restarted_mid_stream_loses_nothing(
     db: asyncpg.Connection, database_url: str, kafka_bootstrap: str, topic_namespace: str
 ) -> None:
-    if not (REPO / ".services" / "kafka.pid").exists():
-        reason = "the broker was not started by scripts/services.sh, so it cannot be restarted"
+    if not _this_checkouts_broker(kafka_bootstrap):
+        reason = "the broker is not this checkout's (python -m scripts.services), so it cannot be restarted"
         if REQUIRED:
             pytest.fail(f"OUTBOX_RELAY_REQUIRE_SERVICES=1 but {reason}")
         pytest.skip(reason)
@@ -144,7 +160,7 @@ async def test_broker_stopped_and_restarted_mid_stream_loses_nothing(
         await loop.run_in_executor(None, _services, "down", "kafka")
         await asyncio.sleep(2.0)
         assert not await _drained(db)  # events pile up while the broker is away
-        await loop.run_in_executor(None, _services, "up", "--quiet")
+        await loop.run_in_executor(None, _services, "up", "--quiet", "kafka")
         await writer
         await wait_until(lambda: _drained(db), timeout=120)
         # The outage was ridden out by retries that spent no attempts: nothing quarantined.

@@ -101,7 +101,7 @@ async def test_a_client_certificate_logs_in_and_its_absence_is_one_line(
     tls_server: PostgresServer, database_url: str, ca: str, tmp_path: Path
 ) -> None:
     # The role a client certificate names (its CN); pg_hba admits it only with that
-    # certificate (scripts/services.sh), never with a password.
+    # certificate (scripts/services/postgres.py), never with a password.
     user = service_file("PG_TEST_CERT_USER")  # a role name, read like the files beside it
     cert = service_file("PG_TEST_CLIENT_CERTFILE")
     key = service_file("PG_TEST_CLIENT_KEYFILE")

@@ -35,7 +35,7 @@ from tests.soak.audit import AuditResult, Committed, Record, audit
 from tests.soak.health_truth import HealthSample, HealthVerdict, LivezSample, judge
 from tests.soak.schedule import MIN_SHARE, WORKER_LEASE_S, Fault, FaultKind, build_schedule
 from tests.soak.scoring_worker import DATABASE_ERRORS, EVENT
-from tests.soak.services import REPO, Ports, SoakServices, wait_kafka, wait_postgres
+from tests.soak.services import REPO, Ports, SoakServices
 from tests.support.faultproxy import FaultProxy
 
 log = logging.getLogger("soak")
@@ -268,7 +268,7 @@ class Soak:
 
     # -- set-up ---------------------------------------------------------------------------
     async def _prepare_database(self) -> None:
-        admin = await asyncpg.connect(self.services.postgres.admin_url)
+        admin = await asyncpg.connect(self.services.postgres.url())
         try:
             await admin.execute("CREATE DATABASE soak")
         finally:
@@ -531,8 +531,9 @@ class Soak:
         pids.update({w.ref.rsplit("-", 1)[0]: w.process.pid for w in self.workers})
         if self.sidecar is not None:
             pids["sidecar"] = self.sidecar.process.pid
-        if self.services.kafka.pid:
-            pids["kafka broker"] = self.services.kafka.pid
+        broker = self.services.kafka.pid()
+        if broker:
+            pids["kafka broker"] = broker
         return pids
 
     async def _rss(self) -> None:
@@ -596,14 +597,12 @@ class Soak:
         if kind is FaultKind.POSTGRES_RESTART:
             await asyncio.to_thread(self.services.postgres.stop)
             await self._until_end(fault)
-            await asyncio.to_thread(self.services.postgres.start)
-            await wait_postgres(self.services.postgres.admin_url)
+            await self.services.start_again(self.services.postgres)
             return "postgres restarted"
         if kind is FaultKind.BROKER_RESTART:
             await asyncio.to_thread(self.services.kafka.stop)
             await self._until_end(fault)
-            self.services.kafka.start()
-            await wait_kafka(self.services.kafka.bootstrap)
+            await self.services.start_again(self.services.kafka)
             return "broker restarted"
         if kind is FaultKind.KAFKA_PATH:
             assert self.proxy is not None
@@ -668,7 +667,7 @@ class Soak:
 
     async def _run(self, started: float) -> SoakResult:
         await self._prepare_database()
-        self.proxy = FaultProxy(*self.services.kafka.proxy_route).start()
+        self.proxy = FaultProxy(*self.services.kafka.proxy_route()).start()
         self.relays = Relays(self.url, NAMESPACE, self.work)
         bootstraps = [self.proxy.listen] + [self.services.kafka.bootstrap] * (
             self.config.relays - 1

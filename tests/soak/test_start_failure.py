@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from scripts.services.host import ServiceError
 from tests.services import REQUIRED
 from tests.soak.run import Soak, SoakConfig
-from tests.soak.services import ServiceStartError
 
 BASE_PORT = 25700  # neither make soak (25000) nor the two-minute soak (25500)
 
@@ -32,10 +32,10 @@ async def test_a_failed_start_stops_what_it_started(tmp_path: Path) -> None:
     soak = Soak(SoakConfig(seconds=1, seed=1, base_port=BASE_PORT), tmp_path)
 
     def format_fails() -> None:
-        raise ServiceStartError("kafka storage format failed (staged)")
+        raise ServiceError("kafka: storage format failed: (staged)")
 
-    soak.services.kafka.init = format_fails  # type: ignore[method-assign]
-    with pytest.raises(ServiceStartError, match="staged"):
+    soak.services.kafka.format = format_fails  # type: ignore[method-assign]
+    with pytest.raises(ServiceError, match="staged"):
         await soak.run()
     assert not _listening(soak.ports.postgres), "the soak's PostgreSQL outlived its run"
     assert not soak.services.root.exists()

@@ -1,13 +1,11 @@
-"""scripts/kafka_cluster_id.py: the id services.sh formats the broker's storage with."""
+"""The KRaft cluster id the orchestrator formats a broker's storage with."""
 
 from __future__ import annotations
 
 import base64
-import subprocess
-import sys
 import uuid
 
-from tests.services import KAFKA_CLUSTER_ID_SCRIPT, kafka_cluster_id_script
+from scripts.services.kafka import cluster_id
 
 
 def test_an_id_that_would_read_as_an_option_is_drawn_again() -> None:
@@ -17,12 +15,10 @@ def test_an_id_that_would_read_as_an_option_is_drawn_again() -> None:
     plain = uuid.UUID(int=1).bytes
     assert base64.urlsafe_b64encode(dashed).decode().startswith("-")
     draws = iter([dashed, dashed, plain])
-    assert kafka_cluster_id_script().cluster_id(lambda: next(draws)) == "AAAAAAAAAAAAAAAAAAAAAQ"
+    assert cluster_id(lambda: next(draws)) == "AAAAAAAAAAAAAAAAAAAAAQ"
 
 
-def test_the_printed_id_is_a_uuid_in_kafka_s_form() -> None:
-    printed = subprocess.run(
-        [sys.executable, str(KAFKA_CLUSTER_ID_SCRIPT)], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    assert len(printed) == 22 and not printed.startswith("-")
-    assert len(base64.urlsafe_b64decode(printed + "==")) == 16
+def test_a_drawn_id_is_a_uuid_in_kafka_s_form() -> None:
+    drawn = cluster_id()
+    assert len(drawn) == 22 and not drawn.startswith("-")
+    assert len(base64.urlsafe_b64decode(drawn + "==")) == 16

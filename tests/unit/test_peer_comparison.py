@@ -498,7 +498,7 @@ def test_a_window_of_produce_requests_is_the_difference_of_two_readings() -> Non
 
 async def test_the_brokers_own_produce_timings_count_each_request(kafka_bootstrap: str) -> None:
     """Read against the real broker: every acknowledged send is one Produce request."""
-    before = await asyncio.to_thread(measure.read_produce_metrics)
+    before = await asyncio.to_thread(measure.read_produce_metrics, kafka_bootstrap)
     if not before:
         if REQUIRED:
             pytest.fail("the broker runs here but its request metrics could not be read")
@@ -512,7 +512,9 @@ async def test_the_brokers_own_produce_timings_count_each_request(kafka_bootstra
     finally:
         await producer.stop()
         await measure.delete_topics(kafka_bootstrap, [topic])
-    window = measure.produce_window(before, await asyncio.to_thread(measure.read_produce_metrics))
+    window = measure.produce_window(
+        before, await asyncio.to_thread(measure.read_produce_metrics, kafka_bootstrap)
+    )
     assert window["produce_requests"] >= 20
     assert window["produce_total_ms"] >= window["produce_local_ms"] >= 0
     assert window["produce_request_bytes"] > 100

@@ -1,33 +1,46 @@
-"""scripts/services.sh waits for a broker that is still loading its logs.
+"""``up`` waits for a broker that is still loading its logs, and no longer than that.
 
-A development broker stopped uncleanly (a session that ended without `services-down`)
-recovers every partition it holds before it answers. With the benchmarks' topics that was
-2,082 partitions and 100 s here, and `up` gave up after its 90 s. The wait now runs out
-only once the broker's own count of loaded logs stops moving.
+A development broker stopped uncleanly (a session that ended without ``services-down``)
+recovers every partition it holds before it answers: with the benchmarks' topics, 2,082
+partitions and 100 s here, longer than the wait's 90 s. The wait runs out only once the
+broker's own count of loaded logs stops moving.
 
-The script's `kafka_wait` runs as it is, sourced; only the probe is replaced (the broker
-"answers" once a file appears) and the broker is a `sleep`.
+The broker here is a ``sleep`` whose log the test writes; it "answers" once a file appears.
 """
 
 from __future__ import annotations
 
+import logging
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-SERVICES_SH = Path(__file__).resolve().parents[2] / "scripts" / "services.sh"
+import pytest
 
-_HARNESS = """
-source "$SERVICES_SH"
-KAFKA_DIR="$1"
-KAFKA_WAIT_SECONDS=2
-kafka_probe() { [[ -f "$KAFKA_DIR/answers" ]]; }
-sleep 60 &
-broker=$!
-trap 'kill $broker 2>/dev/null' EXIT
-kafka_wait "$broker"
-echo waited
-"""
+from scripts.services.declaration import wait_until_ready
+from scripts.services.host import ServiceError
+from scripts.services.kafka import KafkaBroker, KafkaProfile
+from scripts.services.plan import PortPlan
+
+
+class RecoveringBroker(KafkaBroker):
+    """A broker whose process is a ``sleep`` and whose answer is a file."""
+
+    def __init__(self, home: Path, process: subprocess.Popen[bytes]) -> None:
+        super().__init__(
+            ports=PortPlan(30000), home=home, lib=home / "lib", profile=KafkaProfile(secured=False)
+        )
+        self.wait_s = 2.0
+        self.process = process
+        (home / "logs").mkdir(parents=True, exist_ok=True)
+
+    def ready(self) -> str | None:
+        return None if (self.home / "answers").exists() else "connection refused"
+
+    def running(self) -> bool:
+        return self.process.poll() is None
 
 
 def _line(done: int, total: int) -> str:
@@ -37,54 +50,82 @@ def _line(done: int, total: int) -> str:
     )
 
 
-def _start(kafka_dir: Path) -> subprocess.Popen[str]:
-    (kafka_dir / "logs").mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(
-        ["bash", "-c", _HARNESS, "harness", str(kafka_dir)],
-        env={"SERVICES_SH": str(SERVICES_SH), "PATH": "/usr/bin:/bin"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    process = subprocess.Popen(["sleep", "60"])
+    yield process
+    process.kill()
+    process.wait()
 
 
-def test_the_wait_goes_on_while_the_broker_loads_its_logs(tmp_path: Path) -> None:
-    kafka_dir = tmp_path / "kafka"
-    wait = _start(kafka_dir)
-    log = kafka_dir / "logs" / "server.log"
+def test_the_wait_goes_on_while_the_broker_loads_its_logs(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="services")
+    broker = RecoveringBroker(tmp_path, sleeper)
+
+    def recover() -> None:
+        # loading takes twice the wait's 2 s, a log every 0.4 s, then the broker answers
+        for done in range(1, 11):
+            with broker.log_file().open("a") as out:
+                out.write(_line(done, 10))
+            time.sleep(0.4)
+        (tmp_path / "answers").touch()
+
     started = time.monotonic()
-    # Loading takes twice the wait's 2 s, a log every 0.4 s, then the broker answers.
-    for done in range(1, 11):
-        with log.open("a") as out:
-            out.write(_line(done, 10))
-        time.sleep(0.4)
-    (kafka_dir / "answers").touch()
-    out, err = wait.communicate(timeout=30)
-    assert wait.returncode == 0, err
-    assert out.strip() == "waited"
+    loader = threading.Thread(target=recover)
+    loader.start()
+    try:
+        wait_until_ready(broker, pause_s=0.1)
+    finally:
+        loader.join()
     assert time.monotonic() - started >= 4.0
-    assert "kafka: loading its logs" in err
+    said = [m for m in caplog.messages if m.startswith("kafka: still coming up (loading its logs")]
+    assert said and said[0].endswith("/10 partitions)")
 
 
-def test_a_broker_that_shows_no_progress_is_given_up_on(tmp_path: Path) -> None:
-    kafka_dir = tmp_path / "kafka"
+def test_a_broker_that_shows_no_progress_is_given_up_on(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    broker = RecoveringBroker(tmp_path, sleeper)
     started = time.monotonic()
-    wait = _start(kafka_dir)
-    _, err = wait.communicate(timeout=30)
-    assert wait.returncode == 1
-    assert "kafka: broker did not answer on 127.0.0.1:9092" in err
-    assert time.monotonic() - started < 10
+    with pytest.raises(
+        ServiceError, match=r"^kafka: did not answer within 2s \(connection refused\)"
+    ):
+        wait_until_ready(broker, pause_s=0.1)
+    assert time.monotonic() - started < 5
 
 
-def test_loading_lines_of_an_earlier_start_are_not_progress(tmp_path: Path) -> None:
+def test_loading_lines_of_an_earlier_start_are_not_progress(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes], caplog: pytest.LogCaptureFixture
+) -> None:
     # The broker's server.log is appended to across starts: what an earlier start logged
-    # must not keep this wait alive. services.sh notes the log's size when it starts one.
-    kafka_dir = tmp_path / "kafka"
-    (kafka_dir / "logs").mkdir(parents=True)
-    log = kafka_dir / "logs" / "server.log"
-    log.write_text("".join(_line(done, 400) for done in range(1, 400)))
-    (kafka_dir / "server.log.offset").write_text(str(log.stat().st_size))
-    wait = _start(kafka_dir)
-    _, err = wait.communicate(timeout=30)
-    assert wait.returncode == 1, err
-    assert "loading its logs" not in err
+    # must not keep this wait alive. start() notes the log's size when it starts a broker.
+    caplog.set_level(logging.INFO, logger="services")
+    broker = RecoveringBroker(tmp_path, sleeper)
+    broker.log_file().write_text("".join(_line(done, 400) for done in range(1, 400)))
+    (tmp_path / "server.log.offset").write_text(str(broker.log_file().stat().st_size))
+    with pytest.raises(ServiceError, match="did not answer"):
+        wait_until_ready(broker, pause_s=0.1)
+    assert not any("loading its logs" in message for message in caplog.messages)
+
+
+def test_a_broker_that_exits_is_reported_at_once_with_its_log_s_reason(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    broker = RecoveringBroker(tmp_path, sleeper)
+    broker.wait_s = 60
+    broker.log_file().write_text(
+        "[2026] INFO starting\n[2026] ERROR Exiting Kafka due to fatal exception "
+        "(org.apache.kafka.common.KafkaException: Failed to bind to 127.0.0.1:30092)\n"
+        "[2026] INFO shut down completed\n"
+    )
+    sleeper.kill()
+    sleeper.wait()
+    started = time.monotonic()
+    with pytest.raises(ServiceError) as raised:
+        wait_until_ready(broker, pause_s=0.1)
+    assert time.monotonic() - started < 5
+    message = str(raised.value)
+    assert message.startswith("kafka: exited while starting: [2026] ERROR Exiting Kafka")
+    assert "Failed to bind to 127.0.0.1:30092" in message and "\n" not in message

@@ -1,9 +1,8 @@
-"""The soak's broker formats its storage whatever cluster id it draws.
+"""A broker's storage is formatted whatever cluster id is drawn.
 
 Seen in a full test run: the two-minute soak failed to start because its random cluster id
 began with ``-`` and the storage tool read it as an option ("argument --cluster-id/-t:
-expected one argument"), one draw in 64. scripts/services.sh had been fixed for that
-(scripts/kafka_cluster_id.py); the soak's own broker drew its id by itself.
+expected one argument"), one draw in 64.
 """
 
 from __future__ import annotations
@@ -14,24 +13,31 @@ from pathlib import Path
 
 import pytest
 
-from tests.soak import services
-from tests.soak.services import Ports, SoakKafka
+from scripts.services.kafka import KafkaBroker, KafkaProfile
+from scripts.services.plan import Layout, PortPlan
+from tests.orchestrator.scratch import REPO
 
-BASE_PORT = 25800  # formatting binds nothing; kept clear of the other soaks' ranges anyway
+BASE = 24800  # formatting binds nothing; kept clear of the other blocks anyway
 
 
 @pytest.mark.timeout(960)
 def test_an_id_that_reads_as_an_option_does_not_stop_the_format(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _, kafka_lib = services.prepare()
+    broker = KafkaBroker(
+        ports=PortPlan(BASE),
+        home=tmp_path / "kafka",
+        lib=Layout.for_checkout(REPO).state / "kafka-lib",
+        profile=KafkaProfile(secured=False),
+    )
+    broker.install()
     dashed = uuid.UUID(bytes=bytes([0xF8]) + bytes(15))
     assert base64.urlsafe_b64encode(dashed.bytes).decode().startswith("-")
     draws = iter([dashed, uuid.UUID(int=1)])
     monkeypatch.setattr(uuid, "uuid4", lambda: next(draws))
 
-    kafka = SoakKafka(kafka_lib, tmp_path, Ports(BASE_PORT))
-    kafka.init()
+    broker.configure()
+    broker.format()
 
     meta = (tmp_path / "kafka" / "data" / "meta.properties").read_text()
     assert "cluster.id=AAAAAAAAAAAAAAAAAAAAAQ\n" in meta

@@ -1,0 +1,1 @@
+"""Developer scripts: the service orchestrator (``scripts.services``) and small helpers."""
