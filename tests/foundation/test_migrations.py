@@ -129,6 +129,54 @@ def test_split_drops_empty_statements() -> None:
     assert split_statements(";;\n -- only a comment\n;") == []
 
 
+def test_split_keeps_escaped_quotes_of_escape_strings_whole() -> None:
+    # In E'...' a backslash escapes the quote; in a plain string it is an ordinary character.
+    sql = "SELECT E'it\\'s; fine'; SELECT e'\\\\'; SELECT 'a\\'; SELECT 2"
+    assert split_statements(sql) == [
+        "SELECT E'it\\'s; fine'",
+        "SELECT e'\\\\'",
+        "SELECT 'a\\'",
+        "SELECT 2",
+    ]
+
+
+def test_an_identifier_ending_in_e_does_not_start_an_escape_string() -> None:
+    # time'...' is a typed literal: a plain string after a word that happens to end in e.
+    sql = "SELECT time'04:05\\'; SELECT 2"
+    assert split_statements(sql) == ["SELECT time'04:05\\'", "SELECT 2"]
+
+
+def test_split_skips_nested_block_comments_whole() -> None:
+    sql = "/* outer /* inner; */ still a comment; 'x */ SELECT 1; SELECT /* a /* b */ ; */ 2;"
+    assert split_statements(sql) == ["SELECT 1", "SELECT   2"]
+
+
+def test_a_dollar_inside_an_identifier_does_not_open_a_dollar_quote() -> None:
+    assert split_statements("SELECT 1 AS a$b$; SELECT 2; SELECT $b$;$b$") == [
+        "SELECT 1 AS a$b$",
+        "SELECT 2",
+        "SELECT $b$;$b$",
+    ]
+
+
+async def test_a_no_transaction_file_with_escape_strings_and_nested_comments_applies(
+    empty_db: asyncpg.Connection, migration_dir: Path
+) -> None:
+    (migration_dir / "0900_splitter_cases.sql").write_text(
+        "-- migrate: no-transaction\n"
+        "/* a comment /* nested; */ that goes on; */\n"
+        "COMMENT ON TABLE outbox IS E'the relay\\'s; outbox';\n"
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_splitter_idx ON outbox (type);\n"
+    )
+    applied = await apply(empty_db, load_migrations(migration_dir))
+    assert applied[-1].file_name == "0900_splitter_cases.sql"
+    assert (
+        await empty_db.fetchval("SELECT obj_description('outbox'::regclass, 'pg_class')")
+        == "the relay's; outbox"
+    )
+    assert await empty_db.fetchval("SELECT to_regclass('outbox_splitter_idx') IS NOT NULL")
+
+
 def test_split_of_the_shipped_index_file_is_five_concurrent_index_builds() -> None:
     statements = split_statements((MIGRATIONS_DIR / SHIPPED[2]).read_text())
     assert len(statements) == len(HEALTH_INDEXES)
