@@ -113,7 +113,7 @@ SEQUENCES: Final[Mapping[str, Mapping[str, frozenset[str]]]] = {
 
 # Trigger functions only: a trigger fires without EXECUTE, and nobody calls them directly,
 # so EXECUTE is taken from PUBLIC as well.
-FUNCTIONS: Final[tuple[str, ...]] = ("outbox_relay_notify()",)
+FUNCTIONS: Final[tuple[str, ...]] = ("outbox_relay_notify()", "outbox_relay_guard_insert()")
 
 STATS_ROLE: Final = "pg_read_all_stats"
 # Why a part wants pg_read_all_stats; without it, other roles' sessions show no transaction

@@ -16,6 +16,7 @@ _NOTHING = {
     "outbox_relay_migration": NONE,
     "sequence outbox_seq_seq": NONE,
     "function outbox_relay_notify()": NONE,
+    "function outbox_relay_guard_insert()": NONE,
     "schema public": "USAGE",
 }
 

@@ -25,7 +25,10 @@ from migrations.grants import (
 from tests.security import matrix
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "security.md"
-EVERY_OBJECT = frozenset({*TABLES, "outbox_seq_seq", "outbox_relay_notify()", "schema public"})
+EVERY_OBJECT = frozenset(
+    {*TABLES, "outbox_seq_seq", "outbox_relay_notify()", "outbox_relay_guard_insert()"}
+    | {"schema public"}
+)
 
 
 def facts(**overrides: object) -> SchemaFacts:

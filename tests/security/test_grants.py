@@ -96,7 +96,8 @@ async def test_a_table_another_role_owns_is_left_to_that_owner_with_its_statemen
     for table in TABLES:
         owner = scoring_owner if table == "scoring_job_state" else schema_owner
         await db.execute(f'ALTER TABLE {table} OWNER TO "{owner.name}"')
-    await db.execute(f'ALTER FUNCTION outbox_relay_notify() OWNER TO "{schema_owner.name}"')
+    for function in FUNCTIONS:
+        await db.execute(f'ALTER FUNCTION {function} OWNER TO "{schema_owner.name}"')
 
     conn = await asyncpg.connect(schema_owner.url)
     try:
