@@ -29,6 +29,13 @@ WRITER = {
     "last_failure_code, next_attempt_at_unix_ms, result_ref, scoring_state, updated_at)",
 }
 
+# Column-level INSERT of the contract's writer columns (DESIGN §3.1), and nothing else.
+EVENT_WRITER = {
+    **_NOTHING,
+    "outbox": "INSERT(aggregateid, aggregatetype, causation_ref, correlation_ref, headers, id, "
+    "payload, schema_version, tenant_ref, topic, traceparent, type)",
+}
+
 RELAY = {
     **_NOTHING,
     "outbox": "SELECT, DELETE, UPDATE(attempts, last_error_class, next_attempt_at, quarantined_at)",
@@ -53,4 +60,9 @@ SIDECAR = {
 # `run` without --no-relay: one process, one role, both parts.
 RELAY_AND_SIDECAR = {**RELAY, "scoring_job_state": "SELECT"}
 
-BY_PART = {"writer": WRITER, "relay": RELAY, "sidecar": SIDECAR}
+BY_PART = {
+    "writer": WRITER,
+    "event-writer": EVENT_WRITER,
+    "relay": RELAY,
+    "sidecar": SIDECAR,
+}
