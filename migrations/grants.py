@@ -1,10 +1,11 @@
 """Which part needs which privilege on which schema object, and the SQL that grants exactly that.
 
 The schema's migrations create the objects; this module says, next to them, what the writer,
-the event writer, the relay and the health sidecar may do with each. ``outbox-relay grant`` turns the model into
-``REVOKE``/``GRANT`` statements for one existing role: everything the role held on these
-objects is replaced by the union of its parts' needs, so running it again changes nothing and
-running it with fewer parts takes the rest away.
+the event writer, the relay and the health sidecar may do with each. ``outbox-relay grant``
+turns the model into ``REVOKE``/``GRANT`` statements for one existing role: everything the
+role held on these objects is replaced by the union of its parts' needs, so running it again
+changes nothing and running it with fewer parts takes the rest away. It also pins the role's
+``search_path`` in the database to the relay's schema.
 
 Every table, sequence and function the migrations create has an entry here (the tests hold
 the migrated schema to it), so a migration that adds an object must say who may use it, and
