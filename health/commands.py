@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import asyncpg
 
 from contracts import __version__
@@ -11,6 +13,21 @@ from health.evaluate import evaluate, unknown_report
 from health.probing import CONNECT_ERRORS, connect_failure
 from health.render import encode_json, health_document, status_table
 from pgconnect import connection_options
+
+_log = logging.getLogger(__name__)
+
+# Grantees of CREATE on the outbox's schema besides its owner, counted (0 is PUBLIC).
+_SCHEMA_CREATORS = """
+SELECT n.nspname,
+       bool_or(a.grantee = 0) AS public,
+       count(*) FILTER (WHERE a.grantee <> 0) AS roles
+FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+CROSS JOIN LATERAL aclexplode(coalesce(n.nspacl, acldefault('n', n.nspowner))) a
+WHERE c.oid = to_regclass('outbox') AND a.privilege_type = 'CREATE'
+  AND a.grantee <> n.nspowner
+GROUP BY n.nspname
+"""
 
 # monitoring-plugins convention: OK, CRITICAL, UNKNOWN.
 EXIT_CODES = {
@@ -27,6 +44,7 @@ async def evaluate_once(
     receipt_retention_ms: int | None,
     timeout_s: float | None = None,
     transaction_pooler: bool = False,
+    warn_schema_creators: bool = False,
 ) -> HealthReport:
     """Connect, evaluate every enabled family, disconnect; an unreachable database is all-unknown."""
     timeout = timeout_s if timeout_s is not None else policy.evaluation.timeout_ms / 1000
@@ -43,9 +61,34 @@ async def evaluate_once(
     except CONNECT_ERRORS as exc:
         return unknown_report(policy, connect_failure(exc))
     try:
-        return await evaluate(conn, policy, receipt_retention_ms=receipt_retention_ms)
+        report = await evaluate(conn, policy, receipt_retention_ms=receipt_retention_ms)
+        if warn_schema_creators:
+            await _warn_if_others_may_create(conn)
+        return report
     finally:
         conn.terminate()  # nothing to flush; never wait on a slow server here
+
+
+async def _warn_if_others_may_create(conn: asyncpg.Connection) -> None:
+    """One warning line when PUBLIC or a role besides its owner may create in the schema."""
+    try:
+        row = await conn.fetchrow(_SCHEMA_CREATORS)
+    except (asyncpg.PostgresError, OSError, TimeoutError):
+        return  # the evaluation already said what it could; this is advice, not health
+    if row is None:
+        return
+    who = ["PUBLIC"] if row["public"] else []
+    if row["roles"]:
+        who.append(f"{row['roles']} role(s) besides its owner")
+    # Counts only: the health surface names no role.
+    _log.warning(
+        "%s may create objects in schema %s: a function or operator put there can run "
+        "inside the transactions of every role that uses the schema; take it away with "
+        "REVOKE CREATE (docs/security.md, names a neighbour cannot take over)",
+        " and ".join(who),
+        row["nspname"] if row["nspname"].isprintable() else repr(row["nspname"]),
+        extra={"public_may_create": bool(row["public"]), "roles_may_create": row["roles"]},
+    )
 
 
 async def check(
@@ -61,6 +104,7 @@ async def check(
         policy,
         receipt_retention_ms=receipt_retention_ms,
         transaction_pooler=transaction_pooler,
+        warn_schema_creators=True,
     )
     document = health_document(report, release=__version__, policy=policy)
     return encode_json(document).decode("utf-8"), EXIT_CODES[report.classification]

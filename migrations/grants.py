@@ -1,10 +1,11 @@
 """Which part needs which privilege on which schema object, and the SQL that grants exactly that.
 
 The schema's migrations create the objects; this module says, next to them, what the writer,
-the relay and the health sidecar may do with each. ``outbox-relay grant`` turns the model into
-``REVOKE``/``GRANT`` statements for one existing role: everything the role held on these
-objects is replaced by the union of its parts' needs, so running it again changes nothing and
-running it with fewer parts takes the rest away.
+the event writer, the relay and the health sidecar may do with each. ``outbox-relay grant``
+turns the model into ``REVOKE``/``GRANT`` statements for one existing role: everything the
+role held on these objects is replaced by the union of its parts' needs, so running it again
+changes nothing and running it with fewer parts takes the rest away. It also pins the role's
+``search_path`` in the database to the relay's schema.
 
 Every table, sequence and function the migrations create has an entry here (the tests hold
 the migrated schema to it), so a migration that adds an object must say who may use it, and
@@ -23,9 +24,27 @@ import asyncpg
 from contracts.errors import ConfigError, OutboxRelayError
 
 WRITER: Final = "writer"
+EVENT_WRITER: Final = "event-writer"
 RELAY: Final = "relay"
 SIDECAR: Final = "sidecar"
-PARTS: Final = (WRITER, RELAY, SIDECAR)
+PARTS: Final = (WRITER, EVENT_WRITER, RELAY, SIDECAR)
+
+# The columns a writer inserts (the Debezium core and the documented extras); every other
+# column of the outbox is the relay's bookkeeping or the database's.
+EVENT_COLUMNS: Final = (
+    "id",
+    "aggregatetype",
+    "aggregateid",
+    "type",
+    "payload",
+    "tenant_ref",
+    "schema_version",
+    "correlation_ref",
+    "causation_ref",
+    "traceparent",
+    "headers",
+    "topic",
+)
 
 
 class GrantError(OutboxRelayError):
@@ -34,14 +53,16 @@ class GrantError(OutboxRelayError):
 
 @dataclass(frozen=True)
 class Access:
-    """What one part may do on one table: whole-table privileges and the columns it may update."""
+    """What one part may do on one table: whole-table privileges, the columns it may update
+    and the columns it may insert."""
 
     privileges: frozenset[str] = frozenset()
     update_columns: frozenset[str] = frozenset()
+    insert_columns: frozenset[str] = frozenset()
 
 
-def _access(*privileges: str, update: Iterable[str] = ()) -> Access:
-    return Access(frozenset(privileges), frozenset(update))
+def _access(*privileges: str, update: Iterable[str] = (), insert: Iterable[str] = ()) -> Access:
+    return Access(frozenset(privileges), frozenset(update), frozenset(insert))
 
 
 # Column-level UPDATE where a part changes only its own bookkeeping: the relay can mark a
@@ -72,6 +93,8 @@ TABLES: Final[Mapping[str, Mapping[str, Access]]] = {
     "outbox": {
         # INSERT the event; SELECT finds a replayed event's earlier copy (idempotency).
         WRITER: _access("SELECT", "INSERT"),
+        # Any other application: the event's own columns, and it reads nothing back.
+        EVENT_WRITER: _access(insert=EVENT_COLUMNS),
         # SELECT the ready rows, DELETE them once acknowledged, UPDATE failures and redrive.
         RELAY: _access("SELECT", "DELETE", update=_OUTBOX_FAILURE_COLUMNS),
         SIDECAR: _access("SELECT"),
@@ -113,7 +136,7 @@ SEQUENCES: Final[Mapping[str, Mapping[str, frozenset[str]]]] = {
 
 # Trigger functions only: a trigger fires without EXECUTE, and nobody calls them directly,
 # so EXECUTE is taken from PUBLIC as well.
-FUNCTIONS: Final[tuple[str, ...]] = ("outbox_relay_notify()",)
+FUNCTIONS: Final[tuple[str, ...]] = ("outbox_relay_notify()", "outbox_relay_guard_insert()")
 
 STATS_ROLE: Final = "pg_read_all_stats"
 # Why a part wants pg_read_all_stats; without it, other roles' sessions show no transaction
@@ -126,7 +149,7 @@ STATS_REASON: Final[Mapping[str, str]] = {
     RELAY: "the relay's warning about a long open outbox writer sees only its own role without it",
 }
 
-_SIMPLE_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+_SIMPLE_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 
 
 def quote_role(name: str) -> str:
@@ -136,7 +159,16 @@ def quote_role(name: str) -> str:
 
 def quote_schema(name: str) -> str:
     """A schema name, quoted only when it needs it."""
-    return name if _SIMPLE_NAME.match(name) else quote_role(name)
+    return name if _SIMPLE_NAME.fullmatch(name) else quote_role(name)
+
+
+def shown(name: str) -> str:
+    """A name for a message or a comment line: as it is, or quoted with escapes when it holds
+    a line break or a control character (which would end a ``--`` comment or drive a terminal)."""
+    return name if name.isprintable() else repr(name)
+
+
+_PART_NAMES: Final = f"{', '.join(PARTS[:-1])} or {PARTS[-1]}"
 
 
 def parse_parts(given: Iterable[str]) -> tuple[str, ...]:
@@ -144,19 +176,24 @@ def parse_parts(given: Iterable[str]) -> tuple[str, ...]:
     chosen = set()
     for part in given:
         if part not in PARTS:
-            raise ConfigError(f"--as must be writer, relay or sidecar, got {part!r}")
+            raise ConfigError(f"--as must be {_PART_NAMES}, got {part!r}")
         chosen.add(part)
     if not chosen:
-        raise ConfigError("--as is required: writer, relay or sidecar (repeatable)")
+        raise ConfigError(f"--as is required: {_PART_NAMES} (repeatable)")
     return tuple(part for part in PARTS if part in chosen)
 
 
 def merged_access(table: str, parts: Iterable[str]) -> Access:
-    """What the union of ``parts`` may do on ``table``; whole-table UPDATE wins over columns."""
+    """What the union of ``parts`` may do on ``table``; whole-table privileges win over columns."""
     needs = [TABLES[table][part] for part in parts if part in TABLES[table]]
     privileges = frozenset().union(*(a.privileges for a in needs))
-    columns = frozenset[str]().union(*(a.update_columns for a in needs))
-    return Access(privileges, frozenset() if "UPDATE" in privileges else columns)
+    update = frozenset[str]().union(*(a.update_columns for a in needs))
+    insert = frozenset[str]().union(*(a.insert_columns for a in needs))
+    return Access(
+        privileges,
+        frozenset() if "UPDATE" in privileges else update,
+        frozenset() if "INSERT" in privileges else insert,
+    )
 
 
 _PRIVILEGE_ORDER: Final = (
@@ -177,6 +214,8 @@ def _in_order(privileges: frozenset[str]) -> list[str]:
 def describe_access(access: Access) -> str:
     """``SELECT, DELETE, UPDATE(a, b)`` — the matrix notation of docs and tests; ``—`` for none."""
     words = _in_order(access.privileges)
+    if access.insert_columns:
+        words.append(f"INSERT({', '.join(sorted(access.insert_columns))})")
     if access.update_columns:
         words.append(f"UPDATE({', '.join(sorted(access.update_columns))})")
     return ", ".join(words) or "—"
@@ -194,6 +233,14 @@ class SchemaFacts:
     owners: Mapping[str, str]
     role_has_schema_usage: bool
     role_reads_all_stats: bool
+    # The database's name, and the role's own settings in it (``name=value``).
+    database: str
+    role_settings: tuple[str, ...]
+    # Whether this session may change the role's settings: a superuser, the role itself, or
+    # CREATEROLE (with ADMIN on the role from PostgreSQL 16) for a role that is no superuser.
+    may_alter_role: bool
+    # Who besides its owner may create objects in the schema: PUBLIC first, then roles.
+    schema_creators: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -223,10 +270,22 @@ def _table_statements(schema: str, table: str, role: str, access: Access) -> lis
     if access.privileges:
         privileges = ", ".join(_in_order(access.privileges))
         statements.append(f"GRANT {privileges} ON TABLE {target} TO {quote_role(role)}")
-    if access.update_columns:
-        columns = ", ".join(sorted(access.update_columns))
-        statements.append(f"GRANT UPDATE ({columns}) ON TABLE {target} TO {quote_role(role)}")
+    for privilege, granted in (
+        ("INSERT", access.insert_columns),
+        ("UPDATE", access.update_columns),
+    ):
+        if granted:
+            columns = ", ".join(sorted(granted))
+            statements.append(
+                f"GRANT {privilege} ({columns}) ON TABLE {target} TO {quote_role(role)}"
+            )
     return statements
+
+
+def search_path_of(schema: str) -> str:
+    """The value a part's role runs with: the relay's schema alone (pg_catalog comes first
+    implicitly), so no schema another role may create in, ``"$user"`` included, is on it."""
+    return quote_schema(schema)
 
 
 def plan_grants(role: str, parts: tuple[str, ...], facts: SchemaFacts) -> GrantPlan:
@@ -264,13 +323,32 @@ def plan_grants(role: str, parts: tuple[str, ...], facts: SchemaFacts) -> GrantP
         )
     owner_steps = tuple(
         OwnerStep(
-            reason=f"{obj} is owned by {facts.owners.get(obj, 'another role')}, "
+            reason=f"{shown(obj)} is owned by {shown(facts.owners.get(obj, 'another role'))}, "
             "which this session is not; that owner must run",
             statements=tuple(statements),
         )
         for obj, statements in others.items()
     )
     privileged: list[OwnerStep] = []
+    # Set on the role in this database, not per session: it holds behind a transaction
+    # pooler too, and for every connection the role opens.
+    path = search_path_of(facts.schema)
+    if f"search_path={path}" not in facts.role_settings:
+        statement = (
+            f"ALTER ROLE {quote_role(role)} IN DATABASE {quote_role(facts.database)} "
+            f"SET search_path = {path}"
+        )
+        if facts.may_alter_role:
+            ours.append(statement)
+        else:
+            privileged.append(
+                OwnerStep(
+                    reason="separate step, for a superuser (or a role with CREATEROLE and "
+                    f"ADMIN on {shown(role)}): the role's search_path, so that the names it "
+                    f"uses resolve in schema {shown(facts.schema)} and nowhere else",
+                    statements=(statement,),
+                )
+            )
     wanting = [STATS_REASON[p] for p in parts if p in STATS_REASON]
     if wanting and not facts.role_reads_all_stats:
         privileged.append(
@@ -283,9 +361,34 @@ def plan_grants(role: str, parts: tuple[str, ...], facts: SchemaFacts) -> GrantP
     return GrantPlan(role, parts, tuple(ours), owner_steps, tuple(privileged))
 
 
+def schema_creators_warning(facts: SchemaFacts) -> str | None:
+    """One line when PUBLIC or a role besides the schema's owner may create objects in it."""
+    if not facts.schema_creators:
+        return None
+    public = [c for c in facts.schema_creators if c == "PUBLIC"]
+    roles = [c for c in facts.schema_creators if c != "PUBLIC"]
+    who = []
+    if public:
+        who.append("PUBLIC")
+    if roles:
+        who.append(("role " if len(roles) == 1 else "roles ") + ", ".join(map(shown, roles)))
+    grantees = ", ".join(
+        [*public, *(quote_role(r) if r.isprintable() else shown(r) for r in roles)]
+    )
+    return (
+        f"{' and '.join(who)} may create objects in schema {shown(facts.schema)} besides its "
+        "owner: a function or operator put there can run inside the transactions of every "
+        "role that uses the schema; take it away with "
+        f"REVOKE CREATE ON SCHEMA {quote_schema(facts.schema)} FROM {grantees}"
+    )
+
+
 def render_script(plan: GrantPlan) -> str:
     """The whole plan as a SQL script: this session's part in one transaction, then the others."""
-    lines = [f"-- outbox-relay grant: {', '.join(plan.parts)} for role {plan.role}", "BEGIN;"]
+    lines = [
+        f"-- outbox-relay grant: {', '.join(plan.parts)} for role {shown(plan.role)}",
+        "BEGIN;",
+    ]
     lines += [f"{statement};" for statement in plan.statements]
     lines.append("COMMIT;")
     for step in (*plan.owner_steps, *plan.privileged_steps):
@@ -307,15 +410,29 @@ def render_pending(plan: GrantPlan) -> list[str]:
 # The schema is wherever `outbox` resolves on this session's search_path (migrate created
 # every object there).
 _SCHEMA_OF_OUTBOX = """
-SELECT n.nspname FROM pg_catalog.pg_class c
+SELECT n.oid, n.nspname, current_database() FROM pg_catalog.pg_class c
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = to_regclass('outbox')
 """
 
+# ALTER ROLE … SET: a superuser may for anyone; a role for itself; CREATEROLE for a role
+# that is no superuser, from PostgreSQL 16 only with ADMIN on it.
 _ROLE_FACTS = """
-SELECT has_schema_privilege(r.oid, $2::text, 'USAGE'),
-       pg_has_role(r.oid, 'pg_read_all_stats', 'MEMBER')
-FROM pg_catalog.pg_roles r WHERE r.rolname = $1
+SELECT has_schema_privilege(r.oid, $2::oid, 'USAGE'),
+       pg_has_role(r.oid, 'pg_read_all_stats', 'MEMBER'),
+       coalesce((SELECT s.setconfig FROM pg_catalog.pg_db_role_setting s
+                 JOIN pg_catalog.pg_database d ON d.oid = s.setdatabase
+                 WHERE s.setrole = r.oid AND d.datname = current_database()), '{}'),
+       CASE
+           WHEN me.rolsuper THEN true
+           WHEN r.rolsuper THEN false
+           WHEN r.oid = me.oid THEN true
+           WHEN NOT me.rolcreaterole THEN false
+           WHEN current_setting('server_version_num')::integer < 160000 THEN true
+           ELSE pg_has_role(me.oid, r.oid, 'MEMBER WITH ADMIN OPTION')
+       END
+FROM pg_catalog.pg_roles r, pg_catalog.pg_roles me
+WHERE r.rolname = $1 AND me.rolname = current_user
 """
 
 # Relations and functions of the schema with their owner and whether this session acts as
@@ -324,34 +441,45 @@ _OBJECTS = """
 SELECT c.relname AS name, pg_get_userbyid(c.relowner) AS owner,
        pg_has_role(current_user, c.relowner, 'USAGE') AS ours
 FROM pg_catalog.pg_class c
-WHERE c.relnamespace = $1::regnamespace AND c.relkind IN ('r', 'p', 'S')
+WHERE c.relnamespace = $1 AND c.relkind IN ('r', 'p', 'S')
 UNION ALL
 SELECT p.proname || '()', pg_get_userbyid(p.proowner),
        pg_has_role(current_user, p.proowner, 'USAGE')
 FROM pg_catalog.pg_proc p
-WHERE p.pronamespace = $1::regnamespace AND p.pronargs = 0
+WHERE p.pronamespace = $1 AND p.pronargs = 0
 UNION ALL
 SELECT 'schema ' || n.nspname, pg_get_userbyid(n.nspowner),
        pg_has_role(current_user, n.nspowner, 'USAGE')
-FROM pg_catalog.pg_namespace n WHERE n.oid = $1::regnamespace
+FROM pg_catalog.pg_namespace n WHERE n.oid = $1
+"""
+
+# Grantees of CREATE on the schema other than its owner (0 is PUBLIC). Superusers and
+# members of the owner create there too; they are the owner's to choose.
+_SCHEMA_CREATORS = """
+SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE pg_get_userbyid(a.grantee) END
+FROM pg_catalog.pg_namespace n,
+     aclexplode(coalesce(n.nspacl, acldefault('n', n.nspowner))) a
+WHERE n.oid = $1 AND a.privilege_type = 'CREATE' AND a.grantee <> n.nspowner
+ORDER BY a.grantee <> 0, 1
 """
 
 
 async def read_facts(conn: asyncpg.Connection, role: str) -> SchemaFacts:
     """Find the schema, check the role exists and read who owns what; refuse an unmigrated schema."""
-    schema = await conn.fetchval(_SCHEMA_OF_OUTBOX)
-    if schema is None:
+    found = await conn.fetchrow(_SCHEMA_OF_OUTBOX)
+    if found is None:
         raise GrantError("the outbox table is not there: run `outbox-relay migrate` first")
-    role_row = await conn.fetchrow(_ROLE_FACTS, role, schema)
+    namespace, schema, database = found
+    role_row = await conn.fetchrow(_ROLE_FACTS, role, namespace)
     if role_row is None:
         raise ConfigError(f"role {role!r} does not exist: create the login role first")
-    rows = await conn.fetch(_OBJECTS, schema)
+    rows = await conn.fetch(_OBJECTS, namespace)
     owners = {row["name"]: row["owner"] for row in rows}
     expected = [*TABLES, *SEQUENCES, *FUNCTIONS]
     missing = [name for name in expected if name not in owners]
     if missing:
         raise GrantError(
-            f"schema {schema} lacks {', '.join(missing)}: run `outbox-relay migrate` first"
+            f"schema {shown(schema)} lacks {', '.join(missing)}: run `outbox-relay migrate` first"
         )
     return SchemaFacts(
         schema=schema,
@@ -359,6 +487,10 @@ async def read_facts(conn: asyncpg.Connection, role: str) -> SchemaFacts:
         owners=owners,
         role_has_schema_usage=bool(role_row[0]),
         role_reads_all_stats=bool(role_row[1]),
+        database=database,
+        role_settings=tuple(role_row[2]),
+        may_alter_role=bool(role_row[3]),
+        schema_creators=tuple(r[0] for r in await conn.fetch(_SCHEMA_CREATORS, namespace)),
     )
 
 

@@ -120,13 +120,56 @@ def load_migrations(directory: Path | None = None) -> list[Migration]:
 
 
 _DOLLAR_TAG = re.compile(r"\$[A-Za-z_][A-Za-z0-9_]*\$|\$\$")
+# A character that continues a word. An E opens an escape string only where it begins a
+# token (time'…' is a typed literal), and a dollar inside a word belongs to an identifier
+# (a$b$), not to a dollar quote.
+_WORD = re.compile(r"[A-Za-z0-9_$]")
+
+
+def _in_word(sql: str, i: int) -> bool:
+    return i > 0 and _WORD.match(sql[i - 1]) is not None
+
+
+def _quoted_end(sql: str, start: int, quote: str, backslash_escapes: bool) -> int:
+    """Index just past the closing quote of the text opened at ``start`` (or the end)."""
+    end, n = start + 1, len(sql)
+    while end < n:
+        ch = sql[end]
+        if backslash_escapes and ch == "\\":
+            end += 2  # the escaped character, a quote included
+            continue
+        if ch == quote:
+            if sql.startswith(quote * 2, end):
+                end += 2  # a doubled quote is the quote character itself
+                continue
+            return end + 1
+        end += 1
+    return n
+
+
+def _block_comment_end(sql: str, start: int) -> int:
+    """Index just past the ``*/`` that closes the comment opened at ``start``; they nest."""
+    depth, i, n = 0, start, len(sql)
+    while i < n:
+        if sql.startswith("/*", i):
+            depth += 1
+            i += 2
+        elif sql.startswith("*/", i):
+            depth -= 1
+            i += 2
+            if depth == 0:
+                return i
+        else:
+            i += 1
+    return n
 
 
 def split_statements(sql: str) -> list[str]:
     """Split a no-transaction file on top-level semicolons.
 
-    Line and block comments, single- and double-quoted text and dollar-quoted bodies are
-    kept whole, so a semicolon inside any of them does not end a statement.
+    Line and block comments (nested ones too), single-quoted text (``E'…'`` with its
+    backslash escapes), double-quoted names and dollar-quoted bodies are kept whole, so a
+    semicolon inside any of them does not end a statement.
     """
     statements: list[str] = []
     current: list[str] = []
@@ -138,24 +181,17 @@ def split_statements(sql: str) -> list[str]:
             current.append("\n")
             continue
         if sql.startswith("/*", i):
-            end = sql.find("*/", i + 2)
-            i = n if end == -1 else end + 2
+            i = _block_comment_end(sql, i)
             current.append(" ")
             continue
         ch = sql[i]
         if ch in "'\"":
-            end = i + 1
-            while end < n:
-                if sql[end] == ch:
-                    if sql.startswith(ch * 2, end):
-                        end += 2  # a doubled quote is the quote character itself
-                        continue
-                    break
-                end += 1
-            current.append(sql[i : end + 1])
-            i = end + 1
+            escapes = ch == "'" and i > 0 and sql[i - 1] in "eE" and not _in_word(sql, i - 1)
+            end = _quoted_end(sql, i, ch, escapes)
+            current.append(sql[i:end])
+            i = end
             continue
-        if ch == "$" and (tag := _DOLLAR_TAG.match(sql, i)) is not None:
+        if ch == "$" and not _in_word(sql, i) and (tag := _DOLLAR_TAG.match(sql, i)) is not None:
             close = sql.find(tag.group(0), tag.end())
             end = n if close == -1 else close + len(tag.group(0))
             current.append(sql[i:end])

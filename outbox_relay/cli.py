@@ -25,7 +25,15 @@ from contracts.errors import (
     SchemaNotMigrated,
 )
 from health.commands import check, status
-from migrations.grants import apply_plan, plan_grants, read_facts, render_pending, render_script
+from migrations.grants import (
+    apply_plan,
+    plan_grants,
+    read_facts,
+    render_pending,
+    render_script,
+    schema_creators_warning,
+    shown,
+)
 from migrations.runner import apply, load_migrations, require_migrated, verify
 from outbox_relay.logs import configure_logging
 from outbox_relay.options import CHECK, STATUS, VERBS, add_options, resolve, resolve_logging
@@ -204,7 +212,11 @@ async def _grant(settings: GrantSettings) -> int:
     )
     try:
         await require_migrated(conn, load_migrations())
-        plan = plan_grants(settings.role, settings.parts, await read_facts(conn, settings.role))
+        facts = await read_facts(conn, settings.role)
+        plan = plan_grants(settings.role, settings.parts, facts)
+        if (warning := schema_creators_warning(facts)) is not None:
+            # stderr: stdout stays the script (--print) or the result lines.
+            print(f"outbox-relay: warning: {warning}", file=sys.stderr)
         if settings.print_only:
             print(render_script(plan))
             return EXIT_OK
@@ -212,7 +224,10 @@ async def _grant(settings: GrantSettings) -> int:
     finally:
         await conn.close()
     parts = ", ".join(plan.parts)
-    print(f"role {settings.role} now holds exactly what {parts} needs on this database's objects")
+    print(
+        f"role {shown(settings.role)} now holds exactly what {parts} needs "
+        "on this database's objects"
+    )
     for line in render_pending(plan):
         print(line)
     return EXIT_OK

@@ -27,6 +27,7 @@ SHIPPED = (
     "0003_scoring_job_health_indexes.sql",
     "0004_outbox_notify_seq.sql",
     "0005_outbox_time_ordered_id.sql",
+    "0006_writer_guard_pinned_search_path.sql",
 )
 
 # Environment the CLI reads; a test states every input it wants the process to see.

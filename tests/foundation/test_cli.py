@@ -224,7 +224,7 @@ async def test_version() -> None:
 async def test_migrate_twice_applies_nothing_the_second_time(empty_database_url: str) -> None:
     first = await run_cli("migrate", "--database-url", empty_database_url)
     assert first.code == 0, first.stderr
-    assert "applied 5 migration(s)" in first.stdout
+    assert f"applied {len(SHIPPED)} migration(s)" in first.stdout
     assert [line for line in first.stdout.splitlines() if line.startswith("applying ")] == [
         f"applying {name}" for name in SHIPPED
     ]
@@ -241,7 +241,7 @@ async def test_migrate_twice_applies_nothing_the_second_time(empty_database_url:
 async def test_migrate_reads_database_url_from_the_environment(empty_database_url: str) -> None:
     result = await run_cli("migrate", env=cli_env(DATABASE_URL=empty_database_url))
     assert result.code == 0, result.stderr
-    assert "applied 5 migration(s)" in result.stdout
+    assert f"applied {len(SHIPPED)} migration(s)" in result.stdout
     verify = await run_cli(
         "migrate",
         "--verify",

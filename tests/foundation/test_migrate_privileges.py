@@ -93,7 +93,7 @@ async def test_migrate_without_ownership_of_scoring_job_state_fails_in_one_line_
             await admin.execute(f'GRANT "{scoring_owner}" TO "{migrator}"')
             applied = await run_cli("migrate", "--database-url", url)
             assert applied.code == 0, applied.output
-            assert "applied 5 migration(s)" in applied.stdout
+            assert f"applied {len(SHIPPED)} migration(s)" in applied.stdout
         finally:
             await admin.close()
 

@@ -24,6 +24,7 @@ from migrations.runner import (
 )
 from tests.foundation.support import MIGRATIONS_DIR, SHIPPED, run_cli
 
+VERSIONS = [int(name[:4]) for name in SHIPPED]
 HEALTH_INDEXES = (
     "scoring_job_state_active_created_idx",
     "scoring_job_state_quarantined_created_idx",
@@ -61,12 +62,12 @@ async def _record(conn: asyncpg.Connection) -> list[tuple[int, str, str]]:
 def test_shipped_files_load_in_numeric_order_with_sha256_checksums() -> None:
     loaded = load_migrations()
     assert [m.file_name for m in loaded] == list(SHIPPED)
-    assert [m.version for m in loaded] == [1, 2, 3, 4, 5]
+    assert [m.version for m in loaded] == VERSIONS
     for migration in loaded:
         raw = (MIGRATIONS_DIR / migration.file_name).read_bytes()
         assert migration.checksum == hashlib.sha256(raw).hexdigest()
     # Only the index file runs outside a transaction (CREATE INDEX CONCURRENTLY).
-    assert [m.transactional for m in loaded] == [True, True, False, True, True]
+    assert [m.file_name for m in loaded if not m.transactional] == [SHIPPED[2]]
 
 
 def test_loading_from_a_directory_sorts_by_prefix_not_by_creation(tmp_path: Path) -> None:
@@ -129,6 +130,54 @@ def test_split_drops_empty_statements() -> None:
     assert split_statements(";;\n -- only a comment\n;") == []
 
 
+def test_split_keeps_escaped_quotes_of_escape_strings_whole() -> None:
+    # In E'...' a backslash escapes the quote; in a plain string it is an ordinary character.
+    sql = "SELECT E'it\\'s; fine'; SELECT e'\\\\'; SELECT 'a\\'; SELECT 2"
+    assert split_statements(sql) == [
+        "SELECT E'it\\'s; fine'",
+        "SELECT e'\\\\'",
+        "SELECT 'a\\'",
+        "SELECT 2",
+    ]
+
+
+def test_an_identifier_ending_in_e_does_not_start_an_escape_string() -> None:
+    # time'...' is a typed literal: a plain string after a word that happens to end in e.
+    sql = "SELECT time'04:05\\'; SELECT 2"
+    assert split_statements(sql) == ["SELECT time'04:05\\'", "SELECT 2"]
+
+
+def test_split_skips_nested_block_comments_whole() -> None:
+    sql = "/* outer /* inner; */ still a comment; 'x */ SELECT 1; SELECT /* a /* b */ ; */ 2;"
+    assert split_statements(sql) == ["SELECT 1", "SELECT   2"]
+
+
+def test_a_dollar_inside_an_identifier_does_not_open_a_dollar_quote() -> None:
+    assert split_statements("SELECT 1 AS a$b$; SELECT 2; SELECT $b$;$b$") == [
+        "SELECT 1 AS a$b$",
+        "SELECT 2",
+        "SELECT $b$;$b$",
+    ]
+
+
+async def test_a_no_transaction_file_with_escape_strings_and_nested_comments_applies(
+    empty_db: asyncpg.Connection, migration_dir: Path
+) -> None:
+    (migration_dir / "0900_splitter_cases.sql").write_text(
+        "-- migrate: no-transaction\n"
+        "/* a comment /* nested; */ that goes on; */\n"
+        "COMMENT ON TABLE outbox IS E'the relay\\'s; outbox';\n"
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_splitter_idx ON outbox (type);\n"
+    )
+    applied = await apply(empty_db, load_migrations(migration_dir))
+    assert applied[-1].file_name == "0900_splitter_cases.sql"
+    assert (
+        await empty_db.fetchval("SELECT obj_description('outbox'::regclass, 'pg_class')")
+        == "the relay's; outbox"
+    )
+    assert await empty_db.fetchval("SELECT to_regclass('outbox_splitter_idx') IS NOT NULL")
+
+
 def test_split_of_the_shipped_index_file_is_five_concurrent_index_builds() -> None:
     statements = split_statements((MIGRATIONS_DIR / SHIPPED[2]).read_text())
     assert len(statements) == len(HEALTH_INDEXES)
@@ -178,7 +227,7 @@ async def test_verify_reports_pending_then_up_to_date(empty_db: asyncpg.Connecti
     await apply(empty_db, migrations)
     status = await verify(empty_db, migrations)
     assert status.up_to_date
-    assert status.applied == (1, 2, 3, 4, 5)
+    assert status.applied == tuple(VERSIONS)
 
 
 async def test_a_changed_applied_file_is_refused_naming_it(
@@ -201,10 +250,10 @@ async def test_a_new_file_is_applied_after_the_shipped_ones(
     empty_db: asyncpg.Connection, migration_dir: Path
 ) -> None:
     await apply(empty_db, load_migrations(migration_dir))
-    (migration_dir / "0006_extra.sql").write_text("CREATE TABLE extra_table (x int);\n")
+    (migration_dir / "0900_extra.sql").write_text("CREATE TABLE extra_table (x int);\n")
     applied = await apply(empty_db, load_migrations(migration_dir))
-    assert [m.file_name for m in applied] == ["0006_extra.sql"]
-    assert [v for v, _, _ in await _record(empty_db)] == [1, 2, 3, 4, 5, 6]
+    assert [m.file_name for m in applied] == ["0900_extra.sql"]
+    assert [v for v, _, _ in await _record(empty_db)] == [*VERSIONS, 900]
 
 
 async def test_a_migration_the_files_do_not_know_is_refused(
@@ -223,13 +272,13 @@ async def test_a_failing_transactional_migration_leaves_nothing_behind(
     empty_db: asyncpg.Connection, migration_dir: Path
 ) -> None:
     await apply(empty_db, load_migrations(migration_dir))
-    (migration_dir / "0006_broken.sql").write_text(
+    (migration_dir / "0900_broken.sql").write_text(
         "CREATE TABLE half_done (x int);\nSELECT 1 / 0;\n"
     )
-    with pytest.raises(MigrationError, match=r"0006_broken\.sql failed: 22012"):
+    with pytest.raises(MigrationError, match=r"0900_broken\.sql failed: 22012"):
         await apply(empty_db, load_migrations(migration_dir))
     assert await empty_db.fetchval("SELECT to_regclass('half_done')") is None
-    assert [v for v, _, _ in await _record(empty_db)] == [1, 2, 3, 4, 5]
+    assert [v for v, _, _ in await _record(empty_db)] == VERSIONS
 
 
 async def test_apply_gives_up_while_another_run_holds_the_lock(
@@ -244,6 +293,41 @@ async def test_apply_gives_up_while_another_run_holds_the_lock(
     finally:
         await holder.close()
     assert len(await apply(empty_db, load_migrations())) == len(SHIPPED)
+
+
+async def test_the_writer_guard_gives_up_quickly_behind_an_open_writer(
+    empty_database_url: str, empty_db: asyncpg.Connection, migration_dir: Path
+) -> None:
+    # Creating a trigger waits for open writers, and new writers queue behind it: the
+    # migration must give up within its lock_timeout instead of holding them up.
+    guard = migration_dir / SHIPPED[5]
+    guard_sql = guard.read_text()
+    guard.unlink()
+    await apply(empty_db, load_migrations(migration_dir))
+    guard.write_text(guard_sql)
+    open_writer = await asyncpg.connect(empty_database_url)
+    queued_writer = await asyncpg.connect(empty_database_url)
+    insert = "INSERT INTO outbox (aggregatetype, aggregateid, type) VALUES ('a', $1, 't')"
+    try:
+        transaction = open_writer.transaction()
+        await transaction.start()
+        await open_writer.execute(insert, "open")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        migrating = asyncio.create_task(apply(empty_db, load_migrations(migration_dir)))
+        await asyncio.sleep(0.5)  # the migration now waits for the lock
+        await queued_writer.execute(insert, "queued")  # waits behind it, for a while only
+        with pytest.raises(MigrationError, match="55P03"):
+            await migrating
+        assert loop.time() - started < 10
+        assert [v for v, _, _ in await _record(empty_db)] == VERSIONS[:5]
+        await transaction.commit()
+    finally:
+        await open_writer.close()
+        await queued_writer.close()
+    applied = await apply(empty_db, load_migrations(migration_dir))
+    assert [m.file_name for m in applied] == [SHIPPED[5]]
+    assert await empty_db.fetchval("SELECT count(*) FROM outbox") == 2
 
 
 async def test_an_invalid_leftover_index_from_an_interrupted_build_is_rebuilt(
@@ -416,7 +500,7 @@ async def test_migrate_verify_exit_codes(empty_database_url: str) -> None:
         assert f"applying {name}" in applied.stdout
     done = await run_cli("migrate", "--verify", "--database-url", empty_database_url)
     assert done.code == 0
-    assert "up to date (5 applied)" in done.stdout
+    assert f"up to date ({len(SHIPPED)} applied)" in done.stdout
 
 
 def test_migration_dataclass_names_its_file() -> None:

@@ -16,6 +16,7 @@ _NOTHING = {
     "outbox_relay_migration": NONE,
     "sequence outbox_seq_seq": NONE,
     "function outbox_relay_notify()": NONE,
+    "function outbox_relay_guard_insert()": NONE,
     "schema public": "USAGE",
 }
 
@@ -26,6 +27,13 @@ WRITER = {
     "scoring_job_state": "SELECT, UPDATE(active_fencing_token, active_lease_expires_at_unix_ms, "
     "active_lease_ref, active_worker_ref, attempt_count, completed_fencing_token, "
     "last_failure_code, next_attempt_at_unix_ms, result_ref, scoring_state, updated_at)",
+}
+
+# Column-level INSERT of the contract's writer columns (DESIGN §3.1), and nothing else.
+EVENT_WRITER = {
+    **_NOTHING,
+    "outbox": "INSERT(aggregateid, aggregatetype, causation_ref, correlation_ref, headers, id, "
+    "payload, schema_version, tenant_ref, topic, traceparent, type)",
 }
 
 RELAY = {
@@ -52,4 +60,9 @@ SIDECAR = {
 # `run` without --no-relay: one process, one role, both parts.
 RELAY_AND_SIDECAR = {**RELAY, "scoring_job_state": "SELECT"}
 
-BY_PART = {"writer": WRITER, "relay": RELAY, "sidecar": SIDECAR}
+BY_PART = {
+    "writer": WRITER,
+    "event-writer": EVENT_WRITER,
+    "relay": RELAY,
+    "sidecar": SIDECAR,
+}

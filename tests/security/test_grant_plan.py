@@ -21,11 +21,15 @@ from migrations.grants import (
     quote_schema,
     render_pending,
     render_script,
+    schema_creators_warning,
 )
 from tests.security import matrix
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "security.md"
-EVERY_OBJECT = frozenset({*TABLES, "outbox_seq_seq", "outbox_relay_notify()", "schema public"})
+EVERY_OBJECT = frozenset(
+    {*TABLES, "outbox_seq_seq", "outbox_relay_notify()", "outbox_relay_guard_insert()"}
+    | {"schema public"}
+)
 
 
 def facts(**overrides: object) -> SchemaFacts:
@@ -35,6 +39,10 @@ def facts(**overrides: object) -> SchemaFacts:
         "owners": {name: "owner" for name in EVERY_OBJECT},
         "role_has_schema_usage": True,
         "role_reads_all_stats": False,
+        "database": "app",
+        "role_settings": ("search_path=public",),
+        "may_alter_role": True,
+        "schema_creators": (),
     }
     values.update(overrides)
     return SchemaFacts(**values)  # type: ignore[arg-type]
@@ -46,6 +54,7 @@ def facts(**overrides: object) -> SchemaFacts:
         (["relay"], ("relay",)),
         (["sidecar", "relay", "sidecar"], ("relay", "sidecar")),
         (["sidecar", "writer"], ("writer", "sidecar")),
+        (["sidecar", "event-writer", "writer"], ("writer", "event-writer", "sidecar")),
     ],
 )
 def test_parts_come_back_in_model_order_without_repeats(
@@ -58,7 +67,7 @@ def test_parts_come_back_in_model_order_without_repeats(
     ("given", "message"),
     [
         ([], "--as is required"),
-        (["scorer"], "--as must be writer, relay or sidecar, got 'scorer'"),
+        (["scorer"], "--as must be writer, event-writer, relay or sidecar, got 'scorer'"),
         (["relay", "Relay"], "got 'Relay'"),
     ],
 )
@@ -100,7 +109,7 @@ def test_docs_show_the_model() -> None:
     rows = {}
     for line in DOCS.read_text(encoding="utf-8").splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 4 and (name := cells[0].strip("`")) in TABLES:
+        if len(cells) == 1 + len(PARTS) and (name := cells[0].strip("`")) in TABLES:
             rows[name] = dict(zip(PARTS, cells[1:], strict=True))
     assert set(rows) == set(TABLES)
     for table, by_part in rows.items():
@@ -161,3 +170,117 @@ def test_the_script_is_one_transaction_then_the_steps_left_to_others() -> None:
     commit = lines.index("COMMIT;")
     assert lines[commit + 1].startswith("-- separate step, for a superuser")
     assert lines[commit + 2] == 'GRANT pg_read_all_stats TO "app";'
+
+
+def test_the_event_writer_inserts_the_contract_columns_and_nothing_else() -> None:
+    access = merged_access("outbox", ["event-writer"])
+    assert access.privileges == frozenset()
+    assert access.insert_columns == frozenset(
+        {
+            "id",
+            "aggregatetype",
+            "aggregateid",
+            "type",
+            "payload",
+            "tenant_ref",
+            "schema_version",
+            "correlation_ref",
+            "causation_ref",
+            "traceparent",
+            "headers",
+            "topic",
+        }
+    )
+    # With the scoring service's part on the same role, whole-table INSERT wins.
+    both = merged_access("outbox", ["writer", "event-writer"])
+    assert both == merged_access("outbox", ["writer"])
+    plan = plan_grants("app", ("event-writer",), facts())
+    assert plan.statements[:2] == (
+        'REVOKE ALL ON TABLE public.outbox FROM "app"',
+        "GRANT INSERT (aggregateid, aggregatetype, causation_ref, correlation_ref, headers, id, "
+        'payload, schema_version, tenant_ref, topic, traceparent, type) ON TABLE public.outbox TO "app"',
+    )
+
+
+def test_the_roles_search_path_is_pinned_once_and_by_whoever_may() -> None:
+    statement = 'ALTER ROLE "app" IN DATABASE "app" SET search_path = public'
+    plan = plan_grants("app", ("relay",), facts(role_settings=()))
+    assert statement in plan.statements
+    plan = plan_grants("app", ("relay",), facts(role_settings=('search_path="$user", public',)))
+    assert statement in plan.statements
+    plan = plan_grants("app", ("relay",), facts())
+    assert not any("search_path" in s for s in plan.statements)
+    plan = plan_grants("app", ("relay",), facts(role_settings=(), may_alter_role=False))
+    assert statement not in plan.statements
+    (step,) = [s for s in plan.privileged_steps if statement in s.statements]
+    assert step.reason.startswith("separate step, for a superuser (or a role with CREATEROLE")
+    # A schema whose name needs quoting is quoted on the path as everywhere else.
+    plan = plan_grants("app", ("relay",), facts(schema="Outbox App", role_settings=()))
+    assert 'ALTER ROLE "app" IN DATABASE "app" SET search_path = "Outbox App"' in plan.statements
+    plan = plan_grants(
+        "app", ("relay",), facts(schema="Outbox App", role_settings=('search_path="Outbox App"',))
+    )
+    assert not any("search_path" in s for s in plan.statements)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "x\nALTER ROLE x SUPERUSER;--",
+        "x\r\nDROP TABLE outbox;--",
+        "x\n\\! touch /tmp/owned",
+        "x\u2028y",
+        "x\x1b]0;title\x07",
+        "x\x9b2J",
+    ],
+)
+def test_names_in_comment_lines_cannot_end_them_or_drive_a_terminal(name: str) -> None:
+    owners = {n: "owner" for n in EVERY_OBJECT} | {"scoring_job_state": name}
+    plan = plan_grants(
+        name,
+        ("writer", "sidecar"),
+        facts(grantable=EVERY_OBJECT - {"scoring_job_state"}, owners=owners),
+    )
+    script = render_script(plan)
+    comments = [line for line in script.split("\n") if line.startswith("--")]
+    assert comments[0] == f"-- outbox-relay grant: writer, sidecar for role {name!r}"
+    assert comments[1].startswith(f"-- scoring_job_state is owned by {name!r}, ")
+    for line in [*comments, *(s.reason for s in (*plan.owner_steps, *plan.privileged_steps))]:
+        assert line.isprintable(), line
+    # Every line of the script is a comment, a transaction bracket, or part of a statement
+    # that began on a line of its own.
+    statement_starts = ("REVOKE ", "GRANT ", "ALTER ROLE ")
+    in_statement = False
+    for line in script.split("\n"):
+        if not in_statement:
+            assert line.startswith(("--", "BEGIN;", "COMMIT;", *statement_starts)), line
+            in_statement = line.startswith(statement_starts)
+        if in_statement and line.endswith(";"):
+            in_statement = False
+    assert render_pending(plan)[0] == comments[1].removeprefix("-- ")
+
+
+@pytest.mark.parametrize(
+    ("creators", "expected"),
+    [
+        ((), None),
+        (
+            ("PUBLIC",),
+            "PUBLIC may create objects in schema public besides its owner",
+        ),
+        (
+            ("PUBLIC", "app", "x\ny"),
+            "PUBLIC and roles app, 'x\\ny' may create objects in schema public besides its owner",
+        ),
+    ],
+)
+def test_others_that_may_create_in_the_schema_are_one_warning_line(
+    creators: tuple[str, ...], expected: str | None
+) -> None:
+    warning = schema_creators_warning(facts(schema_creators=creators))
+    if expected is None:
+        assert warning is None
+        return
+    assert warning is not None and warning.startswith(expected), warning
+    assert warning.isprintable(), warning
+    assert "REVOKE CREATE ON SCHEMA public FROM" in warning

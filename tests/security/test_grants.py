@@ -27,7 +27,7 @@ from tests.security.process import run_cli
 from tests.security.roles import create_login_role, drop_role, grant, privilege_matrix
 
 
-@pytest.mark.parametrize("part", ["writer", "relay", "sidecar"])
+@pytest.mark.parametrize("part", ["writer", "event-writer", "relay", "sidecar"])
 async def test_each_part_holds_exactly_its_matrix(
     db: asyncpg.Connection, database_url: str, make_role: MakeRole, part: str
 ) -> None:
@@ -96,7 +96,8 @@ async def test_a_table_another_role_owns_is_left_to_that_owner_with_its_statemen
     for table in TABLES:
         owner = scoring_owner if table == "scoring_job_state" else schema_owner
         await db.execute(f'ALTER TABLE {table} OWNER TO "{owner.name}"')
-    await db.execute(f'ALTER FUNCTION outbox_relay_notify() OWNER TO "{schema_owner.name}"')
+    for function in FUNCTIONS:
+        await db.execute(f'ALTER FUNCTION {function} OWNER TO "{schema_owner.name}"')
 
     conn = await asyncpg.connect(schema_owner.url)
     try:
@@ -178,7 +179,10 @@ async def test_cli_grant_applies_and_says_what_is_left(
     ("argv", "message"),
     [
         (["--to", "no_such_role_x", "--as", "writer"], "role 'no_such_role_x' does not exist"),
-        (["--to", "postgres", "--as", "scorer"], "--as must be writer, relay or sidecar"),
+        (
+            ["--to", "postgres", "--as", "scorer"],
+            "--as must be writer, event-writer, relay or sidecar",
+        ),
         (["--to", "postgres"], "--as is required"),
         (["--as", "relay"], "--to is required"),
     ],
