@@ -19,7 +19,7 @@ DEFAULT_TOPIC_TEMPLATE = "outbox.event.{aggregatetype}"
 _TEMPLATE_FIELDS = re.compile(r"\{([^{}]*)\}")
 # Kafka's topic name rule (as relay.records checks each name): what the template adds
 # around {aggregatetype} must keep to it, or no event could ever be published.
-_TOPIC_CHARACTERS = re.compile(r"^[A-Za-z0-9._-]*$")
+_TOPIC_CHARACTERS = re.compile(r"[A-Za-z0-9._-]*")  # fullmatch: "$" would allow a final "\n"
 _MAX_TOPIC_LENGTH = 249
 # PostgreSQL integer (int4): retry delays and the attempt budget are bound as one.
 INT4_MAX = 2**31 - 1
@@ -219,7 +219,7 @@ def validate_topic_template(template: str) -> None:
     if not template.replace("{aggregatetype}", "x").strip():
         raise ConfigError("--topic-template is empty")
     fixed = template.replace("{aggregatetype}", "")
-    if not _TOPIC_CHARACTERS.match(fixed) or len(fixed) >= _MAX_TOPIC_LENGTH:
+    if not _TOPIC_CHARACTERS.fullmatch(fixed) or len(fixed) >= _MAX_TOPIC_LENGTH:
         raise ConfigError(
             "--topic-template may hold only letters, digits, '.', '_' and '-' around "
             f"{{aggregatetype}}, and fewer than {_MAX_TOPIC_LENGTH} of them"

@@ -107,6 +107,9 @@ def test_defaults_are_valid() -> None:
         ({"topic_template": "events/{aggregatetype}"}, "--topic-template"),
         ({"topic_template": "a b.{aggregatetype}"}, "--topic-template"),
         ({"topic_template": "x" * 249 + "{aggregatetype}"}, "--topic-template"),
+        # A file or ConfigMap value ends in a line break: every event would be quarantined.
+        ({"topic_template": "outbox.event.{aggregatetype}\n"}, "--topic-template"),
+        ({"topic_template": "static-topic\n"}, "--topic-template"),
         # Bytes that are not UTF-8 reach Python as lone surrogates; nothing can send them.
         ({"ce_source": "urn:\udcff"}, "--ce-source"),
         ({"instance_id": "relay-\udcff"}, "--instance-id"),
