@@ -225,20 +225,38 @@ class Integer(Option):
         return check_range(name, number, self.minimum, self.maximum)
 
 
-_TRUE = frozenset({"1", "true", "yes"})
+# What a switch's variable may say, in any letter case; anything else is refused.
+SWITCH_ON = ("1", "true", "yes", "on")
+SWITCH_OFF = ("0", "false", "no", "off")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Switch(Option):
-    """A flag without a value; its variable turns it on with 1, true or yes."""
+    """A flag without a value; its variable says on (1, true, yes, on) or off (0, false,
+    no, off), in any letter case."""
 
     def add_to(self, container: Any) -> None:
         """Add this flag to a parser or an argument group."""
         container.add_argument(self.flag, action="store_true", default=None, help=self.help_text())
 
     def value(self, args: argparse.Namespace, environ: Environ) -> bool:
-        """On when the flag is given or the variable says so."""
-        return self.given(args) is not None or self.from_env(environ) in _TRUE
+        """On when the flag is given or the variable says so; a :class:`ConfigError` when
+        the variable says neither on nor off."""
+        raw = self.from_env(environ)
+        on = raw is not None and self._read(raw)
+        return self.given(args) is not None or on
+
+    def _read(self, raw: str) -> bool:
+        word = raw.lower()
+        if word in SWITCH_ON:
+            return True
+        if word in SWITCH_OFF:
+            return False
+        # Not echoed: it is whatever the environment held, and the rule is short.
+        raise ConfigError(
+            f"{self.env} must say on ({', '.join(SWITCH_ON)}) or off "
+            f"({', '.join(SWITCH_OFF)}), in any letter case"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -622,6 +640,11 @@ def resolve(args: argparse.Namespace, environ: Environ = os.environ) -> Settings
 
     Raises :class:`ConfigError` naming the bad input.
     """
+    for option in OPTIONS:
+        # A switch's variable is read whether or not this invocation uses it: a value that
+        # is wrong is refused, never ignored (run --no-relay and OUTBOX_RELAY_NO_NOTIFY).
+        if isinstance(option, Switch) and option.env and args.verb in option.verbs:
+            option.value(args, environ)
     resolver: Callable[[argparse.Namespace, Environ], Settings] = _RESOLVERS[args.verb]
     return resolver(args, environ)
 
