@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -50,6 +51,8 @@ EXIT_UNKNOWN = 3  # check and status: the health could not be evaluated
 EXIT_INTERRUPTED = 130
 # ANSI: cursor home, clear the screen; the watch redraws in place on a terminal.
 _CLEAR = "\x1b[H\x1b[2J"
+# The name part of a word that looks like a flag; what follows it may be a secret.
+_FLAG_NAME = re.compile(r"--?[A-Za-z0-9][A-Za-z0-9_-]*")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -89,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, unrecognized = parser.parse_known_args(argv)
     usage_exit = _usage_exit(args.verb)
     if unrecognized:  # found by the top-level parser, which does not know the verb's code
-        return _fail(usage_exit, f"unrecognized arguments: {' '.join(unrecognized)}")
+        return _fail(usage_exit, f"unrecognized arguments: {_named(unrecognized)}")
     try:
         _configure_logging(resolve_logging(args))
         return _run(resolve(args))
@@ -125,6 +128,30 @@ def _configure_logging(settings: LogSettings) -> None:
         raise ConfigError(
             "--log-level (OUTBOX_RELAY_LOG_LEVEL) must be debug, info, warning or error"
         ) from None
+
+
+def _named(unrecognized: Sequence[str]) -> str:
+    """The unrecognized flags by name; their values, and words that are no flag, only
+    counted: a mistyped flag before a URL must not print the URL's password."""
+    flags: list[str] = []
+    hidden = 0
+    for word in unrecognized:
+        name = _FLAG_NAME.match(word)
+        if name is not None:
+            flags.append(name.group())
+        if name is None or name.end() < len(word):
+            hidden += 1  # a bare word, or "--flag=value": a value either way
+    named = " ".join(flags)
+    if not hidden:
+        return named
+    values = f"{hidden} value{'s' if hidden > 1 else ''} not shown"
+    return f"{named} ({values})" if named else values
+
+
+def _shown(text: str) -> str:
+    """Text from outside as written, or quoted with escapes when it holds a line break or a
+    control character (which a terminal would act on)."""
+    return text if text.isprintable() else repr(text)
 
 
 def _fail(code: int, message: str) -> int:
@@ -183,7 +210,8 @@ async def _redrive(settings: RedriveSettings) -> int:
             total = sum(cause.events for cause in causes)
             print(f"dry run: would return {total} quarantined event(s) to the relay")
             for cause in causes:
-                print(f"  {cause.cause}: {cause.events} event(s) on {cause.keys} key(s)")
+                # Any writer can set a row's last error class: never raw to the terminal.
+                print(f"  {_shown(cause.cause)}: {cause.events} event(s) on {cause.keys} key(s)")
             return EXIT_OK
         count = await redrive(conn, settings.selection, progress=_redrive_progress)
     finally:
