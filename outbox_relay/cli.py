@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import re
 import sys
@@ -25,6 +26,7 @@ from contracts.errors import (
     OutboxRelayError,
     SchemaNotMigrated,
 )
+from contracts.unexpected import log_unexpected
 from health.commands import check, status
 from migrations.grants import apply_plan, plan_grants, read_facts, render_pending, render_script
 from migrations.runner import apply, load_migrations, require_migrated, verify
@@ -43,6 +45,8 @@ from outbox_relay.settings import (
 )
 from pgconnect import connect, connection_options, describe_target
 from relay.redrive import preview, redrive
+
+log = logging.getLogger("outbox_relay")
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -106,19 +110,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(EXIT_FAILURE, str(exc))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except (Exception, BaseExceptionGroup) as exc:
+        if isinstance(exc, BaseExceptionGroup) and exc.subgroup(Exception) is None:
+            if exc.subgroup(KeyboardInterrupt) is not None:
+                return EXIT_INTERRUPTED
+            raise
+        return _died(args.verb, exc)
 
 
 def _run(settings: Settings) -> int:
     try:
         return asyncio.run(_run_verb(settings))
     except BaseExceptionGroup as group:
-        # A task group's failure: a configuration error inside it is still one line.
-        refused: BaseException | None = group.subgroup(ConfigError)
-        while isinstance(refused, BaseExceptionGroup):
-            refused = refused.exceptions[0]
-        if refused is None:
+        # A task group's failure: a configuration error inside it (else another error of
+        # ours) is still its one line.
+        ours: BaseException | None = group.subgroup(ConfigError) or group.subgroup(OutboxRelayError)
+        while isinstance(ours, BaseExceptionGroup):
+            ours = ours.exceptions[0]
+        if ours is None:
             raise
-        raise refused from None
+        raise ours from None
+
+
+def _died(verb: str, exc: BaseException) -> int:
+    """An error nothing expected ends the verb: logged once, by its type and where it was
+    raised (the whole traceback at --log-level debug), never its text; exit 1."""
+    if not logging.getLogger().handlers:  # it came before logging was configured
+        configure_logging()
+    log_unexpected(log, "stopped by an unexpected error", exc, verb=verb)
+    return EXIT_FAILURE
 
 
 def _configure_logging(settings: LogSettings) -> None:
