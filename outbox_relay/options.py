@@ -34,6 +34,7 @@ from outbox_relay.settings import (
     Settings,
     SidecarOptions,
 )
+from outbox_relay.transport import UnverifiedPath, refusal, unverified_kafka, unverified_postgres
 from pgconnect import POOLERS, TRANSACTION_POOLER, check_driver_settings, validate_database_url
 from relay.config import (
     MAX_SETTING,
@@ -480,6 +481,14 @@ RUNBOOK_URL = Text(
     verbs=RELAY_VERBS,
     help="where the status page links for each family (#family-<name> is appended)",
 )
+REQUIRE_VERIFIED_TRANSPORT = Switch(
+    flag="--require-verified-transport",
+    env="OUTBOX_RELAY_REQUIRE_VERIFIED_TRANSPORT",
+    verbs=SIDECAR_VERBS,
+    default_text="warn only",
+    help="refuse to start when PostgreSQL is reached over TCP without sslmode verify-ca or "
+    "verify-full, or Kafka without TLS (a Unix socket and loopback addresses excepted)",
+)
 NO_RELAY = Switch(flag="--no-relay", verbs=frozenset({RUN}), help="run the health sidecar alone")
 EVENT_ID = Repeated(flag="--id", verbs=frozenset({REDRIVE}), help="event id (repeatable)")
 AGGREGATETYPE = Text(
@@ -572,6 +581,7 @@ OPTIONS: tuple[Option, ...] = (
     DATABASE_RETRY_MAX,
     COMPLETION_RECHECK_PERIOD,
     RUNBOOK_URL,
+    REQUIRE_VERIFIED_TRANSPORT,
     NO_RELAY,
     EVENT_ID,
     AGGREGATETYPE,
@@ -764,14 +774,21 @@ def _service(args: argparse.Namespace, environ: Environ) -> ServiceSettings:
             rate=DEMO_RATE.value(args, environ),
             story_hold_ms=STORY_HOLD.value(args, environ),
         )
+    relay = (
+        None
+        if sidecar_alone
+        else relay_config(args, environ, database_url=database_url, receipt_retention_ms=retention)
+    )
+    unverified = _unverified_transport(database_url, relay, environ)
+    if unverified and REQUIRE_VERIFIED_TRANSPORT.value(args, environ):
+        raise ConfigError(refusal(unverified))
     return ServiceSettings(
         database_url=database_url,
         listen=listen,
         policy=policy,
         receipt_retention_ms=retention,
-        relay=None
-        if sidecar_alone
-        else relay_config(args, environ, database_url=database_url, receipt_retention_ms=retention),
+        relay=relay,
+        unverified_transport=unverified,
         demo=demo,
         transaction_pooler=_transaction_pooler(args, environ),
         sidecar=SidecarOptions(
@@ -781,6 +798,19 @@ def _service(args: argparse.Namespace, environ: Environ) -> ServiceSettings:
         ),
         runbook_url=RUNBOOK_URL.required(args, environ),
     )
+
+
+def _unverified_transport(
+    database_url: str | None, relay: RelayConfig | None, environ: Environ
+) -> tuple[UnverifiedPath, ...]:
+    """The service's network paths that are not verified by certificate."""
+    urls = {"--database-url": database_url}
+    if relay is not None and relay.listen_database_url is not None:
+        urls["--listen-database-url"] = relay.listen_database_url
+    found = [unverified_postgres(urls, environ)]
+    if relay is not None:
+        found.append(unverified_kafka(relay.kafka_bootstrap, relay.kafka_security))
+    return tuple(path for path in found if path is not None)
 
 
 _RESOLVERS: dict[str, Callable[[argparse.Namespace, Environ], Settings]] = {

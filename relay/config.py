@@ -68,6 +68,17 @@ class KafkaSecurity:
                     "SASL needs --kafka-sasl-username and a password "
                     "(KAFKA_SASL_PASSWORD or --kafka-sasl-password-file)"
                 )
+            if self.sasl_mechanism == "PLAIN" and not self.tls:
+                # PLAIN sends the password itself: without TLS, to anyone on the path.
+                raise ConfigError(
+                    "--kafka-sasl-mechanism PLAIN sends the password in the clear over "
+                    "SASL_PLAINTEXT: use SASL_SSL, or SCRAM-SHA-256/SCRAM-SHA-512"
+                )
+
+    @property
+    def tls(self) -> bool:
+        """True when connections to the brokers use TLS (which always verifies them)."""
+        return self.protocol.endswith("SSL")
 
     def client_options(self) -> dict[str, Any]:
         """The security keywords every aiokafka client of the relay takes (producer, admin)."""
@@ -81,7 +92,7 @@ class KafkaSecurity:
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """A verifying TLS context when the protocol uses TLS."""
-        if not self.protocol.endswith("SSL"):
+        if not self.tls:
             return None
         try:
             context = ssl.create_default_context(cafile=self.ssl_cafile)

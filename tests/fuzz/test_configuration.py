@@ -352,6 +352,24 @@ RUN_ANY_PORT = [*RUN_WITHOUT_LISTEN, "--listen", "127.0.0.1:0"]
         (RUN_ANY_PORT, {"OUTBOX_RELAY_TOPIC_TEMPLATE": "outbox.event.{aggregatetype}\n"}),
         # A switch variable that is neither on nor off was read as off.
         (RUN_ANY_PORT, {"OUTBOX_RELAY_NO_NOTIFY": "TRUE!"}),
+        # SASL PLAIN without TLS sends the password in the clear: it was accepted.
+        (
+            [
+                *RUN_ANY_PORT,
+                "--kafka-security-protocol=SASL_PLAINTEXT",
+                "--kafka-sasl-mechanism=PLAIN",
+                "--kafka-sasl-username=relay",
+            ],
+            {"KAFKA_SASL_PASSWORD": "pw-not-shown"},
+        ),
+        # Nothing verifies the database's certificate, and the operator asked for it.
+        (
+            RUN_ANY_PORT,
+            {
+                "DATABASE_URL": "postgresql://u:pw@db.internal/app",
+                "OUTBOX_RELAY_REQUIRE_VERIFIED_TRANSPORT": "yes",
+            },
+        ),
     ],
 )
 async def test_bad_configuration_in_a_real_process_exits_2(
