@@ -57,6 +57,10 @@ EXIT_INTERRUPTED = 130
 _CLEAR = "\x1b[H\x1b[2J"
 # The name part of a word that looks like a flag; what follows it may be a secret.
 _FLAG_NAME = re.compile(r"--?[A-Za-z0-9][A-Za-z0-9_-]*")
+# A value argparse quotes in its message ("invalid choice: 'x'", "invalid int value: 'x'").
+_QUOTED_VALUE = re.compile(r"(value|choice): (?P<value>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")")
+# A value shown as typed: a word (a mistyped verb, a number out of form), never a URL.
+_PLAIN_WORD = re.compile(r"'[A-Za-z0-9_.+-]{1,64}'")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -65,7 +69,7 @@ class _Parser(argparse.ArgumentParser):
     usage_exit = EXIT_USAGE
 
     def error(self, message: str) -> NoReturn:
-        self.exit(self.usage_exit, f"outbox-relay: error: {message}\n")
+        self.exit(self.usage_exit, f"outbox-relay: error: {_without_values(message)}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -148,6 +152,17 @@ def _configure_logging(settings: LogSettings) -> None:
         raise ConfigError(
             "--log-level (OUTBOX_RELAY_LOG_LEVEL) must be debug, info, warning or error"
         ) from None
+
+
+def _without_values(message: str) -> str:
+    """argparse's message with a quoted value left out unless it is a plain word: a URL
+    given to the wrong flag would carry its password into the message."""
+
+    def shown(match: re.Match[str]) -> str:
+        value = match["value"]
+        return match[0] if _PLAIN_WORD.fullmatch(value) else f"{match[1]}: (value not shown)"
+
+    return _QUOTED_VALUE.sub(shown, message)
 
 
 def _named(unrecognized: Sequence[str]) -> str:

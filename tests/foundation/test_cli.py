@@ -66,6 +66,16 @@ async def test_unrecognized_arguments_are_named_without_their_values(argv: list[
             assert mistyped in line
 
 
+@pytest.mark.parametrize(
+    ("flag", "kind"), [("--log-format", "invalid choice"), ("--batch-size", "invalid int value")]
+)
+async def test_a_url_given_to_the_wrong_flag_is_not_echoed(flag: str, kind: str) -> None:
+    result = await run_cli("run", flag, f"postgresql://u:{SECRET}@127.0.0.1/db")
+    assert result.code == 2
+    line = assert_one_clean_error_line(result, SECRET, "postgresql://")
+    assert flag in line and kind in line
+
+
 async def test_unknown_top_level_flag_exits_2_with_one_line() -> None:
     result = await run_cli("--no-such-flag")
     assert result.code == 2
