@@ -15,10 +15,11 @@ _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
 _encoder = msgspec.json.Encoder()
 
 KAFKA_CLIENT_LOGGER: Final = "aiokafka"
-# aiokafka's lines for a broker it cannot reach or a metadata request that failed, and for
-# a produce request it retries by itself: one per attempt, at warning or error, while the
-# relay says the same once per change with a classified cause. Matched on the format
-# string, so a line with other arguments is the same line.
+# Lines aiokafka repeats for every attempt, at warning or error, while the relay says the
+# same once per change with a classified cause: a broker it cannot reach or a metadata
+# request that failed, a produce request it retries by itself, and a topic missing or
+# denied, which it names in every metadata answer (the relay's topic look-ups ask again
+# every few seconds). Matched on the format string, whatever the arguments.
 KAFKA_RECONNECT_NOISE: Final = frozenset(
     {
         'Unable connect to "%s:%s": %s',
@@ -28,6 +29,9 @@ KAFKA_RECONNECT_NOISE: Final = frozenset(
         "Unable connect to node with id %s: %s",
         "Cannot send %r to %s: %r",
         "Got error produce response on topic-partition %s, retrying. Error: %s",
+        "Topic %s not found in cluster metadata",
+        "Topic %s is not authorized for this client",
+        "Topic %s is not available during auto-create initialization",
     }
 )
 
