@@ -141,7 +141,8 @@ async def test_run_over_loopback_tcp_does_not_warn(
     tmp_path: Path,
     services: list[Service],
 ) -> None:
-    assert urlsplit(database_url).hostname in ("127.0.0.1", "localhost")
+    if urlsplit(database_url).hostname not in ("127.0.0.1", "localhost", "::1"):
+        pytest.skip("the test server is not on a loopback address here")
     service = Service(relay_env(database_url, kafka_bootstrap, topic_namespace, tmp_path))
     services.append(service)
     wait_ready(service)
