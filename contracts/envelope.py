@@ -201,6 +201,15 @@ def _canonical(value: object, path: str, out: list[str]) -> None:
         for key in value:
             if not isinstance(key, str):
                 raise EnvelopeError(path, f"object keys must be strings, not {type(key).__name__}")
+            if not key.isascii():
+                # Before the sort, which encodes every key as UTF-16; the key is left out
+                # of the path, which would carry the surrogate into the message.
+                try:
+                    key.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise EnvelopeError(
+                        path, "an object key contains a lone surrogate (not valid Unicode)"
+                    ) from None
         out.append("{")
         for index, key in enumerate(sorted(value, key=_utf16_key)):
             if index:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -24,6 +26,7 @@ from contracts.errors import (
     OutboxRelayError,
     SchemaNotMigrated,
 )
+from contracts.unexpected import log_unexpected
 from health.commands import check, status
 from migrations.grants import (
     apply_plan,
@@ -51,6 +54,8 @@ from outbox_relay.settings import (
 from pgconnect import connect, connection_options, describe_target
 from relay.redrive import preview, redrive
 
+log = logging.getLogger("outbox_relay")
+
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -58,6 +63,12 @@ EXIT_UNKNOWN = 3  # check and status: the health could not be evaluated
 EXIT_INTERRUPTED = 130
 # ANSI: cursor home, clear the screen; the watch redraws in place on a terminal.
 _CLEAR = "\x1b[H\x1b[2J"
+# The name part of a word that looks like a flag; what follows it may be a secret.
+_FLAG_NAME = re.compile(r"--?[A-Za-z0-9][A-Za-z0-9_-]*")
+# A value argparse quotes in its message ("invalid choice: 'x'", "invalid int value: 'x'").
+_QUOTED_VALUE = re.compile(r"(value|choice): (?P<value>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")")
+# A value shown as typed: a word (a mistyped verb, a number out of form), never a URL.
+_PLAIN_WORD = re.compile(r"'[A-Za-z0-9_.+-]{1,64}'")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -66,7 +77,7 @@ class _Parser(argparse.ArgumentParser):
     usage_exit = EXIT_USAGE
 
     def error(self, message: str) -> NoReturn:
-        self.exit(self.usage_exit, f"outbox-relay: error: {message}\n")
+        self.exit(self.usage_exit, f"outbox-relay: error: {_without_values(message)}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, unrecognized = parser.parse_known_args(argv)
     usage_exit = _usage_exit(args.verb)
     if unrecognized:  # found by the top-level parser, which does not know the verb's code
-        return _fail(usage_exit, f"unrecognized arguments: {' '.join(unrecognized)}")
+        return _fail(usage_exit, f"unrecognized arguments: {_named(unrecognized)}")
     try:
         _configure_logging(resolve_logging(args))
         return _run(resolve(args))
@@ -111,19 +122,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(EXIT_FAILURE, str(exc))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except (Exception, BaseExceptionGroup) as exc:
+        if isinstance(exc, BaseExceptionGroup) and exc.subgroup(Exception) is None:
+            if exc.subgroup(KeyboardInterrupt) is not None:
+                return EXIT_INTERRUPTED
+            raise
+        return _died(args.verb, exc)
 
 
 def _run(settings: Settings) -> int:
     try:
         return asyncio.run(_run_verb(settings))
     except BaseExceptionGroup as group:
-        # A task group's failure: a configuration error inside it is still one line.
-        refused: BaseException | None = group.subgroup(ConfigError)
-        while isinstance(refused, BaseExceptionGroup):
-            refused = refused.exceptions[0]
-        if refused is None:
+        # A task group's failure: a configuration error inside it (else another error of
+        # ours) is still its one line.
+        ours: BaseException | None = group.subgroup(ConfigError) or group.subgroup(OutboxRelayError)
+        while isinstance(ours, BaseExceptionGroup):
+            ours = ours.exceptions[0]
+        if ours is None:
             raise
-        raise refused from None
+        raise ours from None
+
+
+def _died(verb: str, exc: BaseException) -> int:
+    """An error nothing expected ends the verb: logged once, by its type and where it was
+    raised (the whole traceback at --log-level debug), never its text; exit 1."""
+    if not logging.getLogger().handlers:  # it came before logging was configured
+        configure_logging()
+    log_unexpected(log, "stopped by an unexpected error", exc, verb=verb)
+    return EXIT_FAILURE
 
 
 def _configure_logging(settings: LogSettings) -> None:
@@ -133,6 +160,41 @@ def _configure_logging(settings: LogSettings) -> None:
         raise ConfigError(
             "--log-level (OUTBOX_RELAY_LOG_LEVEL) must be debug, info, warning or error"
         ) from None
+
+
+def _without_values(message: str) -> str:
+    """argparse's message with a quoted value left out unless it is a plain word: a URL
+    given to the wrong flag would carry its password into the message."""
+
+    def shown(match: re.Match[str]) -> str:
+        value = match["value"]
+        return match[0] if _PLAIN_WORD.fullmatch(value) else f"{match[1]}: (value not shown)"
+
+    return _QUOTED_VALUE.sub(shown, message)
+
+
+def _named(unrecognized: Sequence[str]) -> str:
+    """The unrecognized flags by name; their values, and words that are no flag, only
+    counted: a mistyped flag before a URL must not print the URL's password."""
+    flags: list[str] = []
+    hidden = 0
+    for word in unrecognized:
+        name = _FLAG_NAME.match(word)
+        if name is not None:
+            flags.append(name.group())
+        if name is None or name.end() < len(word):
+            hidden += 1  # a bare word, or "--flag=value": a value either way
+    named = " ".join(flags)
+    if not hidden:
+        return named
+    values = f"{hidden} value{'s' if hidden > 1 else ''} not shown"
+    return f"{named} ({values})" if named else values
+
+
+def _shown(text: str) -> str:
+    """Text from outside as written, or quoted with escapes when it holds a line break or a
+    control character (which a terminal would act on)."""
+    return text if text.isprintable() else repr(text)
 
 
 def _fail(code: int, message: str) -> int:
@@ -191,7 +253,8 @@ async def _redrive(settings: RedriveSettings) -> int:
             total = sum(cause.events for cause in causes)
             print(f"dry run: would return {total} quarantined event(s) to the relay")
             for cause in causes:
-                print(f"  {cause.cause}: {cause.events} event(s) on {cause.keys} key(s)")
+                # Any writer can set a row's last error class: never raw to the terminal.
+                print(f"  {_shown(cause.cause)}: {cause.events} event(s) on {cause.keys} key(s)")
             return EXIT_OK
         count = await redrive(conn, settings.selection, progress=_redrive_progress)
     finally:

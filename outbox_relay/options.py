@@ -34,6 +34,7 @@ from outbox_relay.settings import (
     Settings,
     SidecarOptions,
 )
+from outbox_relay.transport import UnverifiedPath, refusal, unverified_kafka, unverified_postgres
 from pgconnect import POOLERS, TRANSACTION_POOLER, check_driver_settings, validate_database_url
 from relay.config import (
     MAX_SETTING,
@@ -225,20 +226,38 @@ class Integer(Option):
         return check_range(name, number, self.minimum, self.maximum)
 
 
-_TRUE = frozenset({"1", "true", "yes"})
+# What a switch's variable may say, in any letter case; anything else is refused.
+SWITCH_ON = ("1", "true", "yes", "on")
+SWITCH_OFF = ("0", "false", "no", "off")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Switch(Option):
-    """A flag without a value; its variable turns it on with 1, true or yes."""
+    """A flag without a value; its variable says on (1, true, yes, on) or off (0, false,
+    no, off), in any letter case."""
 
     def add_to(self, container: Any) -> None:
         """Add this flag to a parser or an argument group."""
         container.add_argument(self.flag, action="store_true", default=None, help=self.help_text())
 
     def value(self, args: argparse.Namespace, environ: Environ) -> bool:
-        """On when the flag is given or the variable says so."""
-        return self.given(args) is not None or self.from_env(environ) in _TRUE
+        """On when the flag is given or the variable says so; a :class:`ConfigError` when
+        the variable says neither on nor off."""
+        raw = self.from_env(environ)
+        on = raw is not None and self._read(raw)
+        return self.given(args) is not None or on
+
+    def _read(self, raw: str) -> bool:
+        word = raw.lower()
+        if word in SWITCH_ON:
+            return True
+        if word in SWITCH_OFF:
+            return False
+        # Not echoed: it is whatever the environment held, and the rule is short.
+        raise ConfigError(
+            f"{self.env} must say on ({', '.join(SWITCH_ON)}) or off "
+            f"({', '.join(SWITCH_OFF)}), in any letter case"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -462,6 +481,14 @@ RUNBOOK_URL = Text(
     verbs=RELAY_VERBS,
     help="where the status page links for each family (#family-<name> is appended)",
 )
+REQUIRE_VERIFIED_TRANSPORT = Switch(
+    flag="--require-verified-transport",
+    env="OUTBOX_RELAY_REQUIRE_VERIFIED_TRANSPORT",
+    verbs=SIDECAR_VERBS,
+    default_text="warn only",
+    help="refuse to start when PostgreSQL is reached over TCP without sslmode verify-ca or "
+    "verify-full, or Kafka without TLS (a Unix socket and loopback addresses excepted)",
+)
 NO_RELAY = Switch(flag="--no-relay", verbs=frozenset({RUN}), help="run the health sidecar alone")
 EVENT_ID = Repeated(flag="--id", verbs=frozenset({REDRIVE}), help="event id (repeatable)")
 AGGREGATETYPE = Text(
@@ -554,6 +581,7 @@ OPTIONS: tuple[Option, ...] = (
     DATABASE_RETRY_MAX,
     COMPLETION_RECHECK_PERIOD,
     RUNBOOK_URL,
+    REQUIRE_VERIFIED_TRANSPORT,
     NO_RELAY,
     EVENT_ID,
     AGGREGATETYPE,
@@ -622,6 +650,11 @@ def resolve(args: argparse.Namespace, environ: Environ = os.environ) -> Settings
 
     Raises :class:`ConfigError` naming the bad input.
     """
+    for option in OPTIONS:
+        # A switch's variable is read whether or not this invocation uses it: a value that
+        # is wrong is refused, never ignored (run --no-relay and OUTBOX_RELAY_NO_NOTIFY).
+        if isinstance(option, Switch) and option.env and args.verb in option.verbs:
+            option.value(args, environ)
     resolver: Callable[[argparse.Namespace, Environ], Settings] = _RESOLVERS[args.verb]
     return resolver(args, environ)
 
@@ -741,14 +774,21 @@ def _service(args: argparse.Namespace, environ: Environ) -> ServiceSettings:
             rate=DEMO_RATE.value(args, environ),
             story_hold_ms=STORY_HOLD.value(args, environ),
         )
+    relay = (
+        None
+        if sidecar_alone
+        else relay_config(args, environ, database_url=database_url, receipt_retention_ms=retention)
+    )
+    unverified = _unverified_transport(database_url, relay, environ)
+    if unverified and REQUIRE_VERIFIED_TRANSPORT.value(args, environ):
+        raise ConfigError(refusal(unverified))
     return ServiceSettings(
         database_url=database_url,
         listen=listen,
         policy=policy,
         receipt_retention_ms=retention,
-        relay=None
-        if sidecar_alone
-        else relay_config(args, environ, database_url=database_url, receipt_retention_ms=retention),
+        relay=relay,
+        unverified_transport=unverified,
         demo=demo,
         transaction_pooler=_transaction_pooler(args, environ),
         sidecar=SidecarOptions(
@@ -758,6 +798,19 @@ def _service(args: argparse.Namespace, environ: Environ) -> ServiceSettings:
         ),
         runbook_url=RUNBOOK_URL.required(args, environ),
     )
+
+
+def _unverified_transport(
+    database_url: str | None, relay: RelayConfig | None, environ: Environ
+) -> tuple[UnverifiedPath, ...]:
+    """The service's network paths that are not verified by certificate."""
+    urls = {"--database-url": database_url}
+    if relay is not None and relay.listen_database_url is not None:
+        urls["--listen-database-url"] = relay.listen_database_url
+    found = [unverified_postgres(urls, environ)]
+    if relay is not None:
+        found.append(unverified_kafka(relay.kafka_bootstrap, relay.kafka_security))
+    return tuple(path for path in found if path is not None)
 
 
 _RESOLVERS: dict[str, Callable[[argparse.Namespace, Environ], Settings]] = {

@@ -11,11 +11,12 @@ import logging
 import signal
 
 import anyio
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 
 from health.sidecar import HealthSidecar
 from outbox_relay.demo import DemoSystem, run_demo_workload
 from outbox_relay.settings import ServiceSettings
+from outbox_relay.transport import PATHS, POSTGRES
 from relay.engine import Relay
 from relay.metrics import RelayMetrics
 
@@ -26,6 +27,7 @@ async def run_service(settings: ServiceSettings) -> int:
     """Run until a signal; returns the process exit code."""
     registry = CollectorRegistry()
     config = settings.relay
+    _say_unverified_transport(settings, registry)
     relay = Relay(config, RelayMetrics.register(registry)) if config else None
     stop = anyio.Event()
     sidecar = HealthSidecar(
@@ -67,6 +69,28 @@ async def run_service(settings: ServiceSettings) -> int:
         )
     log.info("stopped")
     return 0
+
+
+def _say_unverified_transport(settings: ServiceSettings, registry: CollectorRegistry) -> None:
+    """One warning line for the paths used without certificate verification, and a gauge
+    per path this process uses (1: not verified)."""
+    gauge = Gauge(
+        "outbox_relay_unverified_transport",
+        "1 when this network path is used without verifying the other end's certificate "
+        "(PostgreSQL over TCP without sslmode verify-ca/verify-full, Kafka without TLS; "
+        "Unix sockets and loopback addresses excepted)",
+        ["path"],
+        registry=registry,
+    )
+    unverified = {found.path: found.reason for found in settings.unverified_transport}
+    for path in PATHS if settings.relay is not None else (POSTGRES,):
+        gauge.labels(path).set(1 if path in unverified else 0)
+    if unverified:
+        log.warning(
+            "connections without certificate verification: "
+            "an attacker on the network path can read or change them",
+            extra={f"{path}_transport": reason for path, reason in unverified.items()},
+        )
 
 
 async def _relay_then_stop(relay: Relay, stop: anyio.Event, scope: anyio.CancelScope) -> None:

@@ -14,6 +14,7 @@ from contracts.errors import ConfigError
 from contracts.policy import Policy
 from health.families.completion_tracker import RECHECK_PERIOD_MS
 from health.sidecar import DATABASE_RETRY_MAX_MS, HTTP_MAX_CONNECTIONS
+from outbox_relay.transport import UnverifiedPath
 from relay.config import MAX_SETTING, RANGES, RelayConfig, check_range
 from relay.redrive import RedriveFilter
 
@@ -150,6 +151,8 @@ class ServiceSettings:
     demo: DemoOptions | None = None
     transaction_pooler: bool = False
     sidecar: SidecarOptions = field(default_factory=SidecarOptions)
+    unverified_transport: tuple[UnverifiedPath, ...] = ()
+    """The network paths used without verifying the other end (outbox_relay/transport.py)."""
 
     def __post_init__(self) -> None:
         _check_receipt_retention(self.receipt_retention_ms)

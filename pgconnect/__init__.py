@@ -12,9 +12,21 @@ from urllib.parse import parse_qs, urlsplit
 import asyncpg
 
 from contracts.errors import ConfigError, DatabaseUnavailable
-from pgconnect.preflight import check_driver_settings, validate_database_url
+from pgconnect.preflight import (
+    VERIFYING_SSLMODES,
+    Transport,
+    check_driver_settings,
+    transport,
+    validate_database_url,
+)
 
-__all__ = ["check_driver_settings", "validate_database_url"]  # and the names below
+__all__ = [  # and the names below
+    "VERIFYING_SSLMODES",
+    "Transport",
+    "check_driver_settings",
+    "transport",
+    "validate_database_url",
+]
 
 # Driver exception → a short cause. Driver text is never shown: it can echo parts of
 # the connection string.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import ssl
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -222,15 +223,49 @@ def check_driver_settings(
         hosts = len(given.hosts())
         if len(ports) > 1 and len(ports) != hosts:
             raise ConfigError(f"PGPORT lists {len(ports)} ports for {hosts} host(s)")
-    mode, _ = given.value("sslmode")
-    if mode is None:
-        mode = "prefer" if any(not h.startswith("/") for h in given.hosts()) else "disable"
+    mode = _sslmode(given)
     rank = _SSLMODES.index(mode)
     negotiation, source = given.value("sslnegotiation")
     if negotiation == "direct" and rank < _REQUIRE:
         raise ConfigError(f"{source} direct needs sslmode require, verify-ca or verify-full")
     if mode != "disable":
         _TlsFiles(given, home if home is not None else _home(environ)).load(rank)
+
+
+def _sslmode(given: _Given) -> str:
+    """The sslmode the driver uses: the URL's, else PGSSLMODE, else prefer when some host is
+    reached over TCP (disable for sockets only)."""
+    mode, _ = given.value("sslmode")
+    if mode is None:
+        mode = "prefer" if any(not h.startswith("/") for h in given.hosts()) else "disable"
+    return mode
+
+
+VERIFYING_SSLMODES = ("verify-ca", "verify-full")
+"""The sslmodes under which the driver verifies the server's certificate."""
+
+
+@dataclass(frozen=True)
+class Transport:
+    """How the driver reaches PostgreSQL for one URL and environment."""
+
+    tcp_hosts: tuple[str, ...]
+    """The hosts it may reach over TCP (a socket directory is not one of them)."""
+    sslmode: str
+
+    @property
+    def verified(self) -> bool:
+        """True when every TCP connection verifies the server's certificate."""
+        return not self.tcp_hosts or self.sslmode in VERIFYING_SSLMODES
+
+
+def transport(url: str | None, environ: Mapping[str, str]) -> Transport:
+    """Which hosts the driver reaches over TCP for ``url`` (or the PG* variables), and
+    under which sslmode; pure. ``url`` has passed :func:`validate_database_url`. Settings
+    from a connection service file (``PGSERVICE``) are not read."""
+    given = _Given(url, environ)
+    tcp = tuple(host for host in given.hosts() if not host.startswith("/"))
+    return Transport(tcp_hosts=tcp, sslmode=_sslmode(given))
 
 
 def _home(environ: Mapping[str, str]) -> Path | None:

@@ -19,7 +19,7 @@ DEFAULT_TOPIC_TEMPLATE = "outbox.event.{aggregatetype}"
 _TEMPLATE_FIELDS = re.compile(r"\{([^{}]*)\}")
 # Kafka's topic name rule (as relay.records checks each name): what the template adds
 # around {aggregatetype} must keep to it, or no event could ever be published.
-_TOPIC_CHARACTERS = re.compile(r"^[A-Za-z0-9._-]*$")
+_TOPIC_CHARACTERS = re.compile(r"[A-Za-z0-9._-]*")  # fullmatch: "$" would allow a final "\n"
 _MAX_TOPIC_LENGTH = 249
 # PostgreSQL integer (int4): retry delays and the attempt budget are bound as one.
 INT4_MAX = 2**31 - 1
@@ -68,6 +68,17 @@ class KafkaSecurity:
                     "SASL needs --kafka-sasl-username and a password "
                     "(KAFKA_SASL_PASSWORD or --kafka-sasl-password-file)"
                 )
+            if self.sasl_mechanism == "PLAIN" and not self.tls:
+                # PLAIN sends the password itself: without TLS, to anyone on the path.
+                raise ConfigError(
+                    "--kafka-sasl-mechanism PLAIN sends the password in the clear over "
+                    "SASL_PLAINTEXT: use SASL_SSL, or SCRAM-SHA-256/SCRAM-SHA-512"
+                )
+
+    @property
+    def tls(self) -> bool:
+        """True when connections to the brokers use TLS (which always verifies them)."""
+        return self.protocol.endswith("SSL")
 
     def client_options(self) -> dict[str, Any]:
         """The security keywords every aiokafka client of the relay takes (producer, admin)."""
@@ -81,7 +92,7 @@ class KafkaSecurity:
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """A verifying TLS context when the protocol uses TLS."""
-        if not self.protocol.endswith("SSL"):
+        if not self.tls:
             return None
         try:
             context = ssl.create_default_context(cafile=self.ssl_cafile)
@@ -219,7 +230,7 @@ def validate_topic_template(template: str) -> None:
     if not template.replace("{aggregatetype}", "x").strip():
         raise ConfigError("--topic-template is empty")
     fixed = template.replace("{aggregatetype}", "")
-    if not _TOPIC_CHARACTERS.match(fixed) or len(fixed) >= _MAX_TOPIC_LENGTH:
+    if not _TOPIC_CHARACTERS.fullmatch(fixed) or len(fixed) >= _MAX_TOPIC_LENGTH:
         raise ConfigError(
             "--topic-template may hold only letters, digits, '.', '_' and '-' around "
             f"{{aggregatetype}}, and fewer than {_MAX_TOPIC_LENGTH} of them"

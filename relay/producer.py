@@ -14,6 +14,7 @@ from aiokafka import AIOKafkaProducer
 
 from relay.broker_check import bootstrap_failure
 from relay.config import RelayConfig
+from relay.kafka_internals import check_kafka_internals
 from relay.producer_reset import ProducerReset, ProducerWasReset
 from relay.publisher import BatchPublisher, Submission
 from relay.records import KafkaRecord, OutboxRow
@@ -69,6 +70,7 @@ class ProducerKeeper:
         self.broken = False
         # Batches in a row that failed retriably and published nothing.
         self.failure_streak = 0
+        self._internals_checked = False
 
     @property
     def connected(self) -> bool:
@@ -89,6 +91,9 @@ class ProducerKeeper:
     async def start(self, stop: anyio.Event) -> bool:
         """Start a producer, retrying with backoff; False if ``stop`` came first, also in
         the middle of an attempt or of the bootstrap check after one."""
+        if not self._internals_checked:
+            await check_kafka_internals()  # refuses the start: nothing below would be safe
+            self._internals_checked = True
         attempt = 0
         last_cause = ""
         while not stop.is_set():

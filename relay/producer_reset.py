@@ -19,8 +19,10 @@ three at once:
 What this relies on: bytes that did not leave this host before the reset die with the
 connection (true for a stalled network path; not for a middlebox that acknowledged and
 buffers them — see docs/relay.md). It touches aiokafka internals (``client._get_conn``,
-``_sender``, ``_message_accumulator``, a connection's ``_writer``); the versions it is
-tested with are pinned in pyproject.toml and tests/faults exercise it against the broker.
+``_conns``, ``_sender``, ``_message_accumulator``, a connection's ``_writer``): they are
+listed in relay/kafka_internals.py, which checks them before the first producer starts,
+pyproject.toml bounds aiokafka to the releases tested, and tests/faults exercise the
+reset against the broker.
 """
 
 from __future__ import annotations
@@ -65,7 +67,11 @@ class ProducerReset:
 
         async def get_conn(*args: Any, **kwargs: Any) -> Any:
             conn = await original(*args, **kwargs)
-            writer = getattr(conn, "_writer", None)
+            if conn is None:  # the client could not connect
+                return None
+            # Read directly: a renamed attribute must fail, never turn the reset off (the
+            # start-up check in relay/kafka_internals.py refuses such an aiokafka first).
+            writer = conn._writer
             if writer is not None and writer.transport not in self._transports:
                 # A new connection (every request asks for its connection; only a new
                 # transport is recorded).
@@ -109,7 +115,7 @@ class ProducerReset:
             _linger_zero(transport)
             transport.abort()
         for conn in list(producer.client._conns.values()):
-            writer = getattr(conn, "_writer", None)
+            writer = conn._writer  # None once closed
             if writer is not None:
                 _linger_zero(writer.transport)
                 writer.transport.abort()

@@ -44,6 +44,38 @@ async def test_unknown_flag_exits_2_with_one_line() -> None:
     assert result.stdout == ""
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        # A mistyped flag before a URL: the URL, password included, was echoed back.
+        ["migrate", "--database-uri", f"postgresql://u:{SECRET}@127.0.0.1/db"],
+        ["migrate", f"--database-uri=postgresql://u:{SECRET}@127.0.0.1/db"],
+        ["run", "--policy", POLICY, "--kafka-sasl-password", SECRET],
+        ["check", "--policy", POLICY, f"postgresql://u:{SECRET}@127.0.0.1/db"],
+    ],
+    ids=["flag-then-value", "flag=value", "no-such-secret-flag", "bare-value"],
+)
+async def test_unrecognized_arguments_are_named_without_their_values(argv: list[str]) -> None:
+    result = await run_cli(*argv)
+    assert result.code == (3 if argv[0] == "check" else 2)
+    line = assert_one_clean_error_line(result, SECRET, "postgresql://")
+    assert "unrecognized arguments" in line
+    # The mistyped flag itself is named, so the operator can find it.
+    for mistyped in ("--database-uri", "--kafka-sasl-password"):
+        if any(a.split("=")[0] == mistyped for a in argv):
+            assert mistyped in line
+
+
+@pytest.mark.parametrize(
+    ("flag", "kind"), [("--log-format", "invalid choice"), ("--batch-size", "invalid int value")]
+)
+async def test_a_url_given_to_the_wrong_flag_is_not_echoed(flag: str, kind: str) -> None:
+    result = await run_cli("run", flag, f"postgresql://u:{SECRET}@127.0.0.1/db")
+    assert result.code == 2
+    line = assert_one_clean_error_line(result, SECRET, "postgresql://")
+    assert flag in line and kind in line
+
+
 async def test_unknown_top_level_flag_exits_2_with_one_line() -> None:
     result = await run_cli("--no-such-flag")
     assert result.code == 2

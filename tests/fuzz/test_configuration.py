@@ -14,6 +14,7 @@ import contextlib
 import io
 import logging
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -132,6 +133,9 @@ def assert_usable(settings: Settings) -> None:
         assert settings.receipt_retention_ms > 0
     if relay is None:
         return
+    # Some aggregatetype gets a topic name Kafka accepts (its whole rule, end included).
+    sample_topic = relay.topic_template.replace("{aggregatetype}", "order")
+    assert re.fullmatch(r"[A-Za-z0-9._-]{1,249}", sample_topic), relay.topic_template
     # Sent to PostgreSQL, to the broker or in every record: they must be UTF-8 text.
     for name in ("ce_source", "instance_id", "kafka_bootstrap"):
         getattr(relay, name).encode()
@@ -273,6 +277,9 @@ def assert_exit_2_on_one_line_or_usable(outcome: Outcome, argv: list[str]) -> No
 @example(configuration=(["run", *BASE_ARGS["run"], "--retry-cap-ms=3000000000"], {}))
 @example(configuration=(["run", *BASE_ARGS["run"], "--max-attempts=9999999999"], {}))
 @example(configuration=(["run", *BASE_ARGS["run"], "--topic-template=a b {aggregatetype}"], {}))
+# A trailing line break (a value read from a file) passed start-up; every event was quarantined.
+@example(configuration=(["run", *BASE_ARGS["run"], "--topic-template=o.{aggregatetype}\n"], {}))
+@example(configuration=(["run", *BASE_ARGS["run"]], {"OUTBOX_RELAY_NO_NOTIFY": "TRUE!"}))
 @example(configuration=(["check", *BASE_ARGS["check"], "--receipt-retention-ms=-1"], {}))
 @example(
     configuration=(
@@ -288,6 +295,8 @@ def test_configuration_exits_2_on_one_line_or_is_usable(
 
 
 RUN_WITHOUT_LISTEN = ["run", "--policy", POLICY, "--kafka-bootstrap", "127.0.0.1:9"]
+# Where a case was accepted before it was refused, the process must not bind the default port.
+RUN_ANY_PORT = [*RUN_WITHOUT_LISTEN, "--listen", "127.0.0.1:0"]
 
 
 @pytest.mark.parametrize(
@@ -338,6 +347,29 @@ RUN_WITHOUT_LISTEN = ["run", "--policy", POLICY, "--kafka-bootstrap", "127.0.0.1
         (["demo", "--policy", POLICY, "--kafka-bootstrap", "127.0.0.1:9", "--rate", "0"], {}),
         (["redrive", "--type", os.fsdecode(b"\xff"), "--dry-run"], {}),
         (["grant", "--to", os.fsdecode(b"\xff"), "--as", "relay"], {}),
+        # Accepted, then every event quarantined: a template ending in a line break.
+        ([*RUN_ANY_PORT, "--topic-template", "outbox.event.{aggregatetype}\n"], {}),
+        (RUN_ANY_PORT, {"OUTBOX_RELAY_TOPIC_TEMPLATE": "outbox.event.{aggregatetype}\n"}),
+        # A switch variable that is neither on nor off was read as off.
+        (RUN_ANY_PORT, {"OUTBOX_RELAY_NO_NOTIFY": "TRUE!"}),
+        # SASL PLAIN without TLS sends the password in the clear: it was accepted.
+        (
+            [
+                *RUN_ANY_PORT,
+                "--kafka-security-protocol=SASL_PLAINTEXT",
+                "--kafka-sasl-mechanism=PLAIN",
+                "--kafka-sasl-username=relay",
+            ],
+            {"KAFKA_SASL_PASSWORD": "pw-not-shown"},
+        ),
+        # Nothing verifies the database's certificate, and the operator asked for it.
+        (
+            RUN_ANY_PORT,
+            {
+                "DATABASE_URL": "postgresql://u:pw@db.internal/app",
+                "OUTBOX_RELAY_REQUIRE_VERIFIED_TRANSPORT": "yes",
+            },
+        ),
     ],
 )
 async def test_bad_configuration_in_a_real_process_exits_2(

@@ -107,6 +107,9 @@ def test_defaults_are_valid() -> None:
         ({"topic_template": "events/{aggregatetype}"}, "--topic-template"),
         ({"topic_template": "a b.{aggregatetype}"}, "--topic-template"),
         ({"topic_template": "x" * 249 + "{aggregatetype}"}, "--topic-template"),
+        # A file or ConfigMap value ends in a line break: every event would be quarantined.
+        ({"topic_template": "outbox.event.{aggregatetype}\n"}, "--topic-template"),
+        ({"topic_template": "static-topic\n"}, "--topic-template"),
         # Bytes that are not UTF-8 reach Python as lone surrogates; nothing can send them.
         ({"ce_source": "urn:\udcff"}, "--ce-source"),
         ({"instance_id": "relay-\udcff"}, "--instance-id"),
@@ -284,6 +287,13 @@ def test_empty_variables_count_as_unset() -> None:
         ([], {"OUTBOX_RELAY_NO_NOTIFY": "yes"}, False),
         ([], {"OUTBOX_RELAY_NO_NOTIFY": "0"}, True),
         ([], {"OUTBOX_RELAY_NO_NOTIFY": ""}, True),
+        # The usual spellings, in any case: TRUE was read as off.
+        ([], {"OUTBOX_RELAY_NO_NOTIFY": "TRUE"}, False),
+        ([], {"OUTBOX_RELAY_NO_NOTIFY": "Yes"}, False),
+        ([], {"OUTBOX_RELAY_NO_NOTIFY": "on"}, False),
+        ([], {"OUTBOX_RELAY_NO_NOTIFY": "OFF"}, True),
+        ([], {"OUTBOX_RELAY_NO_NOTIFY": "False"}, True),
+        ([], {"OUTBOX_RELAY_NO_NOTIFY": "no"}, True),
     ],
 )
 def test_no_notify_from_flag_or_environment(
@@ -291,6 +301,21 @@ def test_no_notify_from_flag_or_environment(
 ) -> None:
     c = relay(argv, {"KAFKA_BOOTSTRAP_SERVERS": "b:9092", **environ})
     assert c.notify is notify
+
+
+@pytest.mark.parametrize("value", ["ture", "2", "y es", "enabled", "1\n", "\udcff"])
+def test_a_switch_variable_that_is_neither_on_nor_off_is_refused(value: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        relay([], {"KAFKA_BOOTSTRAP_SERVERS": "b:9092", "OUTBOX_RELAY_NO_NOTIFY": value})
+    message = str(caught.value)
+    assert "OUTBOX_RELAY_NO_NOTIFY" in message
+    assert value not in message
+
+
+def test_a_switch_variable_is_checked_where_the_verb_does_not_use_it() -> None:
+    # run --no-relay takes the relay's settings without using them: still refused.
+    with pytest.raises(ConfigError, match="OUTBOX_RELAY_NO_NOTIFY"):
+        service(["--no-relay"], {"OUTBOX_RELAY_NO_NOTIFY": "maybe"})
 
 
 def test_the_relay_and_the_sidecar_share_one_url_and_one_retention() -> None:
