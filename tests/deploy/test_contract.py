@@ -273,6 +273,21 @@ _LANES_SHARED = """
 SELECT CASE WHEN count(*) = 64 THEN count(DISTINCT owner_id) END
 FROM relay_lane WHERE lease_expires_at > now()
 """
+# Statements of this database, by one role, that summarise the whole outbox or read the
+# scoring queue or the server's sessions and locks: what a family's probe or a backlog
+# gauge costs. (The relay's own counts, of the rows it just recorded and of the live
+# instances it shares lanes with, are its work, not these.)
+_DATABASE_WIDE_READS = """
+SELECT coalesce(sum(s.calls), 0)
+FROM pg_stat_statements s
+JOIN pg_roles r ON r.oid = s.userid
+WHERE s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND r.rolname = $1
+  AND (s.query ILIKE '%count(*) FILTER (WHERE%'
+       OR s.query ILIKE '%pg_stat_activity%'
+       OR s.query ILIKE '%pg_locks%'
+       OR s.query ILIKE '%scoring_job_state%')
+"""
 _STALLED_JOB = """
 INSERT INTO scoring_job_state (scoring_job_ref, scoring_request_ref, scoring_state,
                                max_attempts, created_at, updated_at)
@@ -312,6 +327,7 @@ async def test_the_manifests_run_as_processes_and_the_kit_reads_them_once(
         workdir=tmp_path,
     )
     admin = await asyncpg.connect(empty_database_url)
+    await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
     roles = await _roles(admin, cluster, database)
     try:
         # The Job: each step in order, each must succeed.
@@ -381,6 +397,18 @@ async def test_the_manifests_run_as_processes_and_the_kit_reads_them_once(
             evaluate = await _scrapes([sidecar, *relays], seconds=2.0)
             alerts = firing(_rules(), evaluate)
             assert [name for name, _ in alerts] == ["OutboxRelayScoringJobsStalled"], alerts
+
+            # The relays read no database-wide state: PostgreSQL's own statement counts
+            # show none of the whole-table or whole-server reads under the relays' role,
+            # while the sidecar's role made them.
+            reads = {
+                role: await admin.fetchval(_DATABASE_WIDE_READS, cluster.roles[role])
+                for role in ("relay-url", "sidecar-url")
+            }
+            assert reads["relay-url"] == 0 and reads["sidecar-url"] > 0, reads
+            for text in await _scrape(relays):
+                for name in ("outbox_relay_pending_events", "outbox_relay_health_classification{"):
+                    assert name not in text
     finally:
         for role in roles:
             await admin.execute(f'DROP OWNED BY "{role}" CASCADE')
