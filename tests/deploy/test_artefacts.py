@@ -123,7 +123,10 @@ def _pod(obj: dict[str, Any]) -> dict[str, Any]:
     return pod
 
 
-def test_every_pod_is_hardened_and_under_its_own_role(rendered: list[dict[str, Any]]) -> None:
+def test_every_pod_is_hardened_and_under_its_own_role(
+    rendered: list[dict[str, Any]], image: dict[str, Any]
+) -> None:
+    user, group = (int(n) for n in image["user"].split(":"))
     secret_keys = {
         "outbox-relay": "relay-url",
         "outbox-relay-sidecar": "sidecar-url",
@@ -138,7 +141,7 @@ def test_every_pod_is_hardened_and_under_its_own_role(rendered: list[dict[str, A
         assert pod["automountServiceAccountToken"] is False
         security = pod["securityContext"]
         assert security["runAsNonRoot"] is True
-        assert security["runAsUser"] == 10001
+        assert (security["runAsUser"], security["runAsGroup"]) == (user, group)  # the image's
         assert security["seccompProfile"] == {"type": "RuntimeDefault"}
         for container in pod.get("initContainers", []) + pod["containers"]:
             hardened = container["securityContext"]
