@@ -219,6 +219,11 @@ def test_the_image_runs_the_cli_as_a_numeric_user_listening_where_port_says(
     assert image["healthcheck"] == ["python", "-m", "outbox_relay.healthcheck"]
 
 
+def test_the_base_deploys_this_release() -> None:
+    base = yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())
+    assert base["images"] == [{"name": "outbox-relay", "newTag": __version__}]
+
+
 def test_the_image_carries_oci_labels_and_installs_the_runtime_lock(image: dict[str, Any]) -> None:
     labels = image["labels"]
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]

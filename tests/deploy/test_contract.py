@@ -218,10 +218,15 @@ async def _scrape(pods: list[Pod]) -> list[str]:
 
 
 async def _scrapes(pods: list[Pod], seconds: float) -> Evaluator:
+    return Evaluator(await _targets(pods, seconds), seconds=seconds, now=time.time())
+
+
+async def _targets(pods: list[Pod], seconds: float) -> list[Target]:
+    """Two scrapes of each pod ``seconds`` apart, labelled as the PodMonitor labels them."""
     first = await _scrape(pods)
     await asyncio.sleep(seconds)
     last = await _scrape(pods)
-    targets = [
+    return [
         Target(
             {
                 "job": "outbox-relay",
@@ -234,7 +239,6 @@ async def _scrapes(pods: list[Pod], seconds: float) -> Evaluator:
         )
         for pod, a, b in zip(pods, first, last, strict=True)
     ]
-    return Evaluator(targets, seconds=seconds, now=time.time())
 
 
 def _rules() -> list[dict[str, Any]]:
@@ -370,6 +374,7 @@ async def test_the_manifests_run_as_processes_and_the_kit_reads_them_once(
             instances = [p.env["OUTBOX_RELAY_INSTANCE_ID"] for p in relays]
             await _until(lambda: _published_by_each(admin, instances), "every relay publishing")
             await admin.execute(_HELD_EVENTS, held)
+            await _until(lambda: _pending_seen(sidecar, held), "the sidecar seeing the backlog")
             # The sidecar classifies every family; nothing fires; the backlog is the table's.
             await _until(lambda: _within(sidecar), "the sidecar within bounds")
             evaluate = await _scrapes([sidecar, *relays], seconds=2.0)
@@ -394,9 +399,20 @@ async def test_the_manifests_run_as_processes_and_the_kit_reads_them_once(
                 assert await _status(pod, "/livez") == 200, pod.name
                 document = await _health(pod)
                 assert _classification(document, "scoring_jobs") is None
-            evaluate = await _scrapes([sidecar, *relays], seconds=2.0)
-            alerts = firing(_rules(), evaluate)
+            targets = await _targets([sidecar, *relays], seconds=2.0)
+            alerts = firing(_rules(), Evaluator(targets, seconds=2.0, now=time.time()))
             assert [name for name, _ in alerts] == ["OutboxRelayScoringJobsStalled"], alerts
+            # Gone from discovery: without the sidecar no family is judged, and that fires;
+            # without anything, the relays' absence fires too.
+            without_sidecar = Evaluator(targets[1:], seconds=2.0, now=time.time())
+            assert {name for name, _ in firing(_rules(), without_sidecar)} == {
+                "OutboxRelayHealthAbsent"
+            }
+            nothing = Evaluator([], seconds=2.0, now=time.time())
+            assert {name for name, _ in firing(_rules(), nothing)} == {
+                "OutboxRelayHealthAbsent",
+                "OutboxRelayRelaysAbsent",
+            }
 
             # The relays read no database-wide state: PostgreSQL's own statement counts
             # show none of the whole-table or whole-server reads under the relays' role,
@@ -441,6 +457,14 @@ async def _within(pod: Pod) -> bool:
         return False
     families = ("outbox", "scoring_jobs", "completion_outbox", "relay")
     return all(_classification(document, f) == "within_bounds" for f in families)
+
+
+async def _pending_seen(pod: Pod, pending: int) -> bool:
+    try:
+        checks = (await _health(pod))["checks"].get("outbox:pending_count")
+    except (OSError, ValueError):
+        return False
+    return bool(checks) and checks[0]["observedValue"] == pending
 
 
 async def _says(pod: Pod, family: str, classification: str) -> bool:
