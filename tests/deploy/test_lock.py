@@ -5,6 +5,7 @@ that drifted from it (a package removed or changed by hand) is told apart."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -99,9 +100,12 @@ def _clean_copy(destination: Path) -> None:
 
 
 def _make_venv(clone: Path) -> subprocess.CompletedProcess[str]:
+    # As a developer runs it, not as a sub-make of `make test` (its flags stay there).
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     return subprocess.run(
         ["make", "venv", f"PYTHON={sys.executable}"],
         cwd=clone,
+        env=env,
         capture_output=True,
         text=True,
         timeout=900,
