@@ -29,15 +29,14 @@ help:
 
 venv: $(STAMP)
 
-# The venv holds what the lock says and nothing else: a lock that differs from the one the
-# venv was made from makes a new venv (an upgrade in place would leave removed packages
-# behind); a changed pyproject.toml alone re-installs the package itself.
+# The venv holds what the lock says and nothing else: the lock is installed (hashes checked),
+# pip-sync (from the lock) removes whatever it does not list, then the package itself goes
+# in without resolving anything. Re-run when the lock or pyproject.toml changed.
 $(STAMP): pyproject.toml $(LOCK)
-	@if [ -x $(VPY) ] && ! cmp -s $(LOCK) $(VENV)/$(LOCK); then echo "$(LOCK) changed: recreating $(VENV)"; rm -rf $(VENV); fi
 	@if [ ! -x $(VPY) ]; then echo "creating $(VENV)"; $(PYTHON) -m venv $(VENV); fi
 	$(VPY) -m pip install --quiet --require-hashes --no-deps -r $(LOCK)
+	$(VENV)/bin/pip-sync --quiet $(LOCK)
 	$(VPY) -m pip install --quiet --no-deps --no-build-isolation -e .
-	@cp $(LOCK) $(VENV)/$(LOCK)
 	@touch $@
 
 # Refreshed on purpose, never as a side effect: the whole dependency set (runtime, build
