@@ -292,6 +292,11 @@ WHERE s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
        OR s.query ILIKE '%pg_locks%'
        OR s.query ILIKE '%scoring_job_state%')
 """
+_HEALTH_SESSIONS = """
+SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND usename = $1
+  AND application_name = 'outbox-relay-health'
+"""
 _STALLED_JOB = """
 INSERT INTO scoring_job_state (scoring_job_ref, scoring_request_ref, scoring_state,
                                max_attempts, created_at, updated_at)
@@ -422,6 +427,12 @@ async def test_the_manifests_run_as_processes_and_the_kit_reads_them_once(
                 for role in ("relay-url", "sidecar-url")
             }
             assert reads["relay-url"] == 0 and reads["sidecar-url"] > 0, reads
+            # Nor does a relay keep a health session: it has nothing to evaluate.
+            sessions = {
+                role: await admin.fetchval(_HEALTH_SESSIONS, cluster.roles[role])
+                for role in ("relay-url", "sidecar-url")
+            }
+            assert sessions["relay-url"] == 0 and sessions["sidecar-url"] > 0, sessions
             for text in await _scrape(relays):
                 for name in ("outbox_relay_pending_events", "outbox_relay_health_classification{"):
                     assert name not in text
