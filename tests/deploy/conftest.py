@@ -45,7 +45,10 @@ def _unavailable(why: str) -> None:
 @pytest.fixture(scope="session")
 def kustomize() -> str:
     """The path of kustomize at the pinned release; built with ``go install`` if missing."""
-    here = Path(sys.executable).parent / "kustomize"
+    # Into the test venv's bin (made and thrown away with it); outside a venv, a user cache.
+    in_venv = sys.prefix != sys.base_prefix
+    bin_dir = Path(sys.executable).parent if in_venv else Path.home() / ".cache/outbox-relay/bin"
+    here = bin_dir / "kustomize"
     for candidate in (os.environ.get("KUSTOMIZE"), str(here), shutil.which("kustomize")):
         if candidate and _version_of(candidate) == KUSTOMIZE_VERSION:
             return candidate
