@@ -58,9 +58,10 @@ def kustomize() -> str:
     if go is None:
         _unavailable("not installed and no Go toolchain to build it (or set KUSTOMIZE)")
     assert go is not None
+    bin_dir.mkdir(parents=True, exist_ok=True)
     built = subprocess.run(
         [go, "install", f"{KUSTOMIZE_MODULE}@{KUSTOMIZE_VERSION}"],
-        env={**os.environ, "GOBIN": str(here.parent), "GOFLAGS": "-buildvcs=false"},
+        env={**os.environ, "GOBIN": str(bin_dir), "GOFLAGS": "-buildvcs=false"},
         capture_output=True,
         text=True,
         timeout=900,
