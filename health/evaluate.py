@@ -107,6 +107,9 @@ async def evaluate_pool(
     completion: CompletionTracker | None = None,
 ) -> tuple[HealthReport, str | None]:
     """One evaluation on a pool connection, and why no connection could be had (else None)."""
+    if not policy.enabled_families():
+        # Nothing to probe (a relay-only process): no connection is opened for it.
+        return build_report((), _now_unix_ms()), None
     try:
         async with pool.acquire() as conn:
             report = await evaluate_connection(

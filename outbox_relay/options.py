@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from contracts.errors import ConfigError
+from contracts.policy import Policy
 from health.families.completion_tracker import RECHECK_PERIOD_MS
 from health.policy import load_policy
 from health.sidecar import DATABASE_RETRY_MAX_MS, HTTP_MAX_CONNECTIONS
@@ -490,6 +491,12 @@ REQUIRE_VERIFIED_TRANSPORT = Switch(
     "verify-full, or Kafka without TLS (a Unix socket and loopback addresses excepted)",
 )
 NO_RELAY = Switch(flag="--no-relay", verbs=frozenset({RUN}), help="run the health sidecar alone")
+RELAY_ONLY = Switch(
+    flag="--relay-only",
+    verbs=frozenset({RUN}),
+    help="run the relay alone: evaluate no health family and read no database-wide state "
+    "(the shape for several relays next to one run --no-relay); no --policy",
+)
 EVENT_ID = Repeated(flag="--id", verbs=frozenset({REDRIVE}), help="event id (repeatable)")
 AGGREGATETYPE = Text(
     flag="--aggregatetype", verbs=frozenset({REDRIVE}), help="events of this aggregate type"
@@ -583,6 +590,7 @@ OPTIONS: tuple[Option, ...] = (
     RUNBOOK_URL,
     REQUIRE_VERIFIED_TRANSPORT,
     NO_RELAY,
+    RELAY_ONLY,
     EVENT_ID,
     AGGREGATETYPE,
     EVENT_TYPE,
@@ -750,12 +758,25 @@ def _health_report(args: argparse.Namespace, environ: Environ) -> HealthReportSe
     )
 
 
+# What a relay-only process evaluates: nothing (its readiness is its relay's).
+_NO_FAMILY = Policy(outbox=None, scoring_jobs=None, completion_outbox=None, relay=None)
+
+
 def _service(args: argparse.Namespace, environ: Environ) -> ServiceSettings:
     listen = parse_listen(listen_address(args, environ))
-    policy = load_policy(POLICY.required(args, environ))
+    sidecar_alone = args.verb == RUN and NO_RELAY.value(args, environ)
+    relay_only = args.verb == RUN and RELAY_ONLY.value(args, environ)
+    if relay_only and sidecar_alone:
+        raise ConfigError("--relay-only and --no-relay exclude each other")
+    if relay_only and POLICY.value(args, environ) is not None:
+        # Refused, not ignored: the operator would expect the bounds to gate something.
+        raise ConfigError(
+            "--relay-only evaluates no health family: give --policy (OUTBOX_RELAY_POLICY) "
+            "to the sidecar (run --no-relay), not to the relays"
+        )
+    policy = _NO_FAMILY if relay_only else load_policy(POLICY.required(args, environ))
     database_url = _database_url(args, environ)
     retention = RECEIPT_RETENTION.value(args, environ)
-    sidecar_alone = args.verb == RUN and NO_RELAY.value(args, environ)
     if sidecar_alone:
         # Unused without the relay, but a value that is wrong is refused, never ignored.
         for option in RELAY_TUNING:
@@ -797,6 +818,7 @@ def _service(args: argparse.Namespace, environ: Environ) -> ServiceSettings:
             completion_recheck_period_ms=COMPLETION_RECHECK_PERIOD.value(args, environ),
         ),
         runbook_url=RUNBOOK_URL.required(args, environ),
+        relay_only=relay_only,
     )
 
 

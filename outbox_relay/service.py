@@ -9,10 +9,19 @@ from __future__ import annotations
 
 import logging
 import signal
+from collections.abc import Callable
+from functools import partial
 
 import anyio
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import (
+    CollectorRegistry,
+    Gauge,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+)
 
+from contracts import __version__
 from health.sidecar import HealthSidecar
 from outbox_relay.demo import DemoSystem, run_demo_workload
 from outbox_relay.settings import ServiceSettings
@@ -26,9 +35,13 @@ log = logging.getLogger("outbox_relay")
 async def run_service(settings: ServiceSettings) -> int:
     """Run until a signal; returns the process exit code."""
     registry = CollectorRegistry()
+    register_process_metrics(registry)
     config = settings.relay
     _say_unverified_transport(settings, registry)
-    relay = Relay(config, RelayMetrics.register(registry)) if config else None
+    relay = None
+    if config is not None:
+        relay = Relay(config, RelayMetrics.register(registry, backlog=not settings.relay_only))
+        relay.metrics.ready.set_function(partial(_as_gauge, relay.ready))
     stop = anyio.Event()
     sidecar = HealthSidecar(
         database_url=settings.database_url,
@@ -63,6 +76,7 @@ async def run_service(settings: ServiceSettings) -> int:
             "started",
             extra={
                 "relay": relay is not None,
+                "relay_only": settings.relay_only,
                 "listen": f"{host}:{port}",
                 "instance_id": config.instance_id if config else None,
             },
@@ -91,6 +105,23 @@ def _say_unverified_transport(settings: ServiceSettings, registry: CollectorRegi
             "an attacker on the network path can read or change them",
             extra={f"{path}_transport": reason for path, reason in unverified.items()},
         )
+
+
+def register_process_metrics(registry: CollectorRegistry) -> None:
+    """The platform's usual series (process, Python, garbage collector) and the release."""
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    Gauge(
+        "outbox_relay_build_info",
+        "Always 1; the release this process runs.",
+        ["version"],
+        registry=registry,
+    ).labels(version=__version__).set(1)
+
+
+def _as_gauge(check: Callable[[], bool]) -> float:
+    return 1.0 if check() else 0.0
 
 
 async def _relay_then_stop(relay: Relay, stop: anyio.Event, scope: anyio.CancelScope) -> None:

@@ -153,9 +153,13 @@ class ServiceSettings:
     sidecar: SidecarOptions = field(default_factory=SidecarOptions)
     unverified_transport: tuple[UnverifiedPath, ...] = ()
     """The network paths used without verifying the other end (outbox_relay/transport.py)."""
+    relay_only: bool = False
+    """``run --relay-only``: the relay evaluates no family and reads no database-wide state."""
 
     def __post_init__(self) -> None:
         _check_receipt_retention(self.receipt_retention_ms)
+        if self.relay_only and (self.relay is None or self.policy.enabled_families()):
+            raise ConfigError("a relay-only process runs the relay and evaluates no family")
         # The page links here: an http(s) address or a path, never a script or data URL.
         if urlsplit(self.runbook_url).scheme not in ("", "http", "https"):
             raise ConfigError("--runbook-url must be an http(s) address or a path")

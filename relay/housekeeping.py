@@ -79,14 +79,21 @@ class Housekeeping:
             await anyio.sleep(_PRUNE_PAUSE_S)
 
     async def observe_round(self) -> None:
-        """Backlog gauges, and a warning about an outbox writer left open too long."""
+        """Backlog gauges, and a warning about an outbox writer left open too long.
+
+        A relay-only process has no backlog gauges and reads nothing here: the whole-table
+        count and the scan of open transactions are done once per deployment, by the
+        process that exports them (the sidecar's families, or a ``run`` process).
+        """
+        gauges = self._metrics.backlog
+        if gauges is None:
+            return
         summary, writer = await self._store.backlog()
-        metrics = self._metrics
-        metrics.pending.set(summary.pending)
-        metrics.quarantined_pending.set(summary.quarantined)
-        metrics.oldest_pending_age.set(summary.oldest_age_s)
+        gauges.pending.set(summary.pending)
+        gauges.quarantined_pending.set(summary.quarantined)
+        gauges.oldest_pending_age.set(summary.oldest_age_s)
         writer_age = writer.age_s if writer else 0.0
-        metrics.oldest_writer_age.set(writer_age)
+        gauges.oldest_writer_age.set(writer_age)
         if writer and writer_age * 1000 > self._config.blocking_transaction_warn_ms:
             log.warning(
                 "an open transaction has written to the outbox and not committed; "

@@ -78,6 +78,47 @@ class BatchHistogram(Collector):
 
 
 @dataclass(frozen=True)
+class BacklogGauges:
+    """Database-wide figures: the whole outbox and every open transaction writing to it.
+
+    Any process that reads them reports the same numbers, so only one process in a
+    deployment should: N relays that each read them cost the database N times and add up
+    to N times the backlog in a ``sum``.
+    """
+
+    pending: Gauge
+    quarantined_pending: Gauge
+    oldest_pending_age: Gauge
+    oldest_writer_age: Gauge
+
+    @classmethod
+    def register(cls, registry: CollectorRegistry) -> BacklogGauges:
+        """Create the backlog gauges on ``registry``."""
+        return cls(
+            pending=Gauge(
+                "outbox_relay_pending_events",
+                "Outbox rows not yet published.",
+                registry=registry,
+            ),
+            quarantined_pending=Gauge(
+                "outbox_relay_quarantined_pending_events",
+                "Outbox rows in quarantine.",
+                registry=registry,
+            ),
+            oldest_pending_age=Gauge(
+                "outbox_relay_oldest_pending_age_seconds",
+                "Age of the oldest unpublished row, from its write time.",
+                registry=registry,
+            ),
+            oldest_writer_age=Gauge(
+                "outbox_relay_oldest_open_outbox_writer_age_seconds",
+                "Age of the oldest open transaction that has written to the outbox.",
+                registry=registry,
+            ),
+        )
+
+
+@dataclass(frozen=True)
 class RelayMetrics:
     published: Counter
     latency: BatchHistogram
@@ -85,16 +126,15 @@ class RelayMetrics:
     failures: Counter
     quarantined: Counter
     fenced: Counter
-    pending: Gauge
-    quarantined_pending: Gauge
-    oldest_pending_age: Gauge
     lanes_owned: Gauge
-    oldest_writer_age: Gauge
     receipts_pruned: Counter
+    ready: Gauge
+    backlog: BacklogGauges | None
+    """None for a relay-only process: it neither reads nor exports database-wide state."""
 
     @classmethod
-    def register(cls, registry: CollectorRegistry) -> RelayMetrics:
-        """Create the relay's metrics on ``registry``."""
+    def register(cls, registry: CollectorRegistry, *, backlog: bool = True) -> RelayMetrics:
+        """Create the relay's metrics on ``registry``; the backlog gauges only with ``backlog``."""
         return cls(
             published=Counter(
                 "outbox_relay_published_events",
@@ -129,29 +169,9 @@ class RelayMetrics:
                 "Acknowledged events not recorded because their lane changed owner.",
                 registry=registry,
             ),
-            pending=Gauge(
-                "outbox_relay_pending_events",
-                "Outbox rows not yet published.",
-                registry=registry,
-            ),
-            quarantined_pending=Gauge(
-                "outbox_relay_quarantined_pending_events",
-                "Outbox rows in quarantine.",
-                registry=registry,
-            ),
-            oldest_pending_age=Gauge(
-                "outbox_relay_oldest_pending_age_seconds",
-                "Age of the oldest unpublished row, from its write time.",
-                registry=registry,
-            ),
             lanes_owned=Gauge(
                 "outbox_relay_lanes_owned",
                 "Lanes this instance holds a lease on.",
-                registry=registry,
-            ),
-            oldest_writer_age=Gauge(
-                "outbox_relay_oldest_open_outbox_writer_age_seconds",
-                "Age of the oldest open transaction that has written to the outbox.",
                 registry=registry,
             ),
             receipts_pruned=Counter(
@@ -159,4 +179,10 @@ class RelayMetrics:
                 "Delivery receipts pruned after retention.",
                 registry=registry,
             ),
+            ready=Gauge(
+                "outbox_relay_ready",
+                "1 while this process's relay can do its job (lanes renewed, broker answering).",
+                registry=registry,
+            ),
+            backlog=BacklogGauges.register(registry) if backlog else None,
         )

@@ -19,7 +19,7 @@ import asyncpg
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 
-from bench.conftest import start_relay_process
+from bench.conftest import RelayDeployment, start_relay_process
 from bench.peers import debezium
 from bench.peers.workload import (
     DRAIN_AGGREGATE,
@@ -112,17 +112,17 @@ class OutboxSubject:
 
 
 class RelaySubject(OutboxSubject):
-    """``outbox-relay run`` in its own process, at its default settings."""
+    """The relay as deployed (``run --relay-only`` beside one ``run --no-relay``), at its defaults."""
 
     name = "relay"
 
     def __init__(self, server_url: str, bootstrap: str, workdir: Path) -> None:
         super().__init__(server_url, workdir, lanes=4)
         self._bootstrap = bootstrap
-        self._process: asyncio.subprocess.Process | None = None
+        self._process: RelayDeployment | None = None
 
     async def start(self) -> None:
-        """Start the relay process (health checks off, topics under the namespace)."""
+        """Start the relay as deployed (run --relay-only beside one sidecar), topics under the namespace."""
         self._process = await start_relay_process(
             self.database_url, self._bootstrap, self.namespace, self.workdir
         )

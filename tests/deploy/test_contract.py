@@ -1,0 +1,485 @@
+"""The rendered manifests, run as processes against the real PostgreSQL and broker: the
+Job's steps, the sidecar and three relays run exactly their containers' commands and
+environment (names verbatim; values from the example overlay's ConfigMaps and Secret,
+addresses pointed at this machine's services, each pod under its own part's role), and
+answer their probes on the declared port. The Job migrates and grants; the relays publish;
+the sidecar classifies; with a stalled scoring queue the relays stay ready and only the
+sidecar says stalled. Over the four processes' scrapes every alert rule and the dashboard's
+backlog panel are evaluated: one stall is one firing alert, the backlog is the table's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+import yaml
+
+from tests.deploy.conftest import EXAMPLE, one
+from tests.deploy.promql import Evaluator, Target, firing
+from tests.faults.harness import free_port
+from tests.health.httpclient import get
+from tests.unit.test_monitoring_kit import ALERTS, DASHBOARD
+
+NAMESPACE = "scoring-test"
+BACKLOG_PANEL = "Pending events"
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+@dataclass(frozen=True)
+class Pod:
+    """One container as the kubelet would start it, turned into a process's argv and env."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    port: int | None
+
+
+class Cluster:
+    """What the manifests' references resolve to here: the overlay's ConfigMaps and Secret
+    (database addresses and roles pointed at the test's server), files the pods mount."""
+
+    def __init__(
+        self,
+        rendered: list[dict[str, Any]],
+        image: Mapping[str, Any],
+        *,
+        server_url: str,
+        bootstrap: str,
+        topic_template: str,
+        suffix: str,
+        workdir: Path,
+    ) -> None:
+        self.rendered = rendered
+        self.image = image
+        self.workdir = workdir
+        self.suffix = suffix
+        server = urlsplit(server_url)
+        self.config_maps: dict[str, dict[str, str]] = {}
+        for obj in rendered:
+            if obj["kind"] == "ConfigMap":
+                base = re.sub(r"-[a-z0-9]{10}$", "", obj["metadata"]["name"])
+                self.config_maps[obj["metadata"]["name"]] = dict(obj["data"])
+                self.config_maps[base] = dict(obj["data"])
+        for data in self.config_maps.values():
+            if "KAFKA_BOOTSTRAP_SERVERS" in data:
+                data["KAFKA_BOOTSTRAP_SERVERS"] = bootstrap
+                # Not the overlay's: topics of this test only.
+                data["OUTBOX_RELAY_TOPIC_TEMPLATE"] = topic_template
+            for key in ("WRITER_ROLE", "RELAY_ROLE", "SIDECAR_ROLE"):
+                if key in data:
+                    data[key] = data[key] + suffix
+        # The Secret's URLs: the overlay's role and password, this server's address.
+        self.secret: dict[str, str] = {}
+        for key, url in _env_file(EXAMPLE / "database.env").items():
+            parts = urlsplit(url)
+            netloc = f"{parts.username}{suffix}:{parts.password}@{server.hostname}:{server.port}"
+            self.secret[key] = urlunsplit(server._replace(netloc=netloc))
+        self.roles = {key: urlsplit(url).username or "" for key, url in self.secret.items()}
+        self.passwords = {key: urlsplit(url).password or "" for key, url in self.secret.items()}
+
+    def pod(self, container: Mapping[str, Any], volumes: list[dict[str, Any]], name: str) -> Pod:
+        """The process a container is: the image's entry point and env, then the pod's."""
+        env = dict(self.image["env"])
+        env.pop("PATH", None)
+        for source in container.get("envFrom", []):
+            env.update(self.config_maps[source["configMapRef"]["name"]])
+        for item in container.get("env", []):
+            if "value" in item:
+                env[item["name"]] = item["value"]
+                continue
+            ref = item["valueFrom"]
+            if "secretKeyRef" in ref:
+                env[item["name"]] = self.secret[ref["secretKeyRef"]["key"]]
+            elif ref.get("fieldRef", {}).get("fieldPath") == "metadata.name":
+                env[item["name"]] = name
+            else:
+                raise AssertionError(f"an env source the test does not resolve: {ref}")
+        # Mounted ConfigMaps become files; the env names them at the mount path.
+        for mount in container.get("volumeMounts", []):
+            (volume,) = [v for v in volumes if v["name"] == mount["name"]]
+            if "configMap" in volume:
+                directory = self.workdir / name / mount["name"]
+                directory.mkdir(parents=True, exist_ok=True)
+                for file, text in self.config_maps[volume["configMap"]["name"]].items():
+                    (directory / file).write_text(text)
+                for key, value in env.items():
+                    if value.startswith(mount["mountPath"] + "/"):
+                        env[key] = str(directory / value.removeprefix(mount["mountPath"] + "/"))
+        args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container["args"]]
+        ports = [p["containerPort"] for p in container.get("ports", [])]
+        port = None
+        if ports:
+            # The pod's own network: the declared port is the image's PORT, moved here to a
+            # free one so four pods share this machine's loopback.
+            assert ports == [int(env["PORT"])], (ports, env["PORT"])
+            port = free_port()
+            env["PORT"] = str(port)
+        entrypoint = [str(Path(sys.executable).parent / self.image["entrypoint"][0])]
+        return Pod(name, entrypoint + args, env, port)
+
+    def pods(self, kind: str, name: str, replicas: int = 1) -> list[Pod]:
+        """Every container of the workload, in the order the kubelet runs them."""
+        spec = one(self.rendered, kind, name)["spec"]["template"]["spec"]
+        volumes = spec.get("volumes", [])
+        containers = spec.get("initContainers", []) + spec["containers"]
+        return [
+            self.pod(container, volumes, f"{name}-{index}")
+            for index in range(replicas)
+            for container in containers
+        ]
+
+
+async def _run(pod: Pod) -> tuple[int, str]:
+    # The image's PATH puts its venv first: here, this one.
+    argv = [str(Path(sys.executable)) if pod.argv[0] == "python" else pod.argv[0], *pod.argv[1:]]
+    process = await asyncio.create_subprocess_exec(
+        *argv,
+        env={"PATH": os.environ["PATH"], **pod.env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), 120)
+    return process.returncode or 0, out.decode(errors="replace")
+
+
+@asynccontextmanager
+async def _running(pod: Pod, logs: Path) -> AsyncIterator[asyncio.subprocess.Process]:
+    with (logs / f"{pod.name}.log").open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            *pod.argv, env={"PATH": os.environ["PATH"], **pod.env}, stdout=log, stderr=log
+        )
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), 30)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+async def _status(pod: Pod, path: str) -> int | None:
+    assert pod.port is not None
+    try:
+        return (await get(("127.0.0.1", pod.port), path)).status
+    except OSError:
+        return None
+
+
+async def _until(check: Any, what: str, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.5)
+
+
+async def _health(pod: Pod) -> dict[str, Any]:
+    assert pod.port is not None
+    reply = await get(("127.0.0.1", pod.port), "/health")
+    document: dict[str, Any] = json.loads(reply.body)
+    return document
+
+
+def _classification(document: Mapping[str, Any], family: str) -> str | None:
+    checks = document.get("checks", {}).get(f"{family}:classification")
+    return checks[0]["observedValue"] if checks else None
+
+
+async def _scrape(pods: list[Pod]) -> list[str]:
+    texts = []
+    for pod in pods:
+        assert pod.port is not None
+        texts.append((await get(("127.0.0.1", pod.port), "/metrics")).body.decode())
+    return texts
+
+
+async def _scrapes(pods: list[Pod], seconds: float) -> Evaluator:
+    return Evaluator(await _targets(pods, seconds), seconds=seconds, now=time.time())
+
+
+async def _targets(pods: list[Pod], seconds: float) -> list[Target]:
+    """Two scrapes of each pod ``seconds`` apart, labelled as the PodMonitor labels them."""
+    first = await _scrape(pods)
+    await asyncio.sleep(seconds)
+    last = await _scrape(pods)
+    return [
+        Target(
+            {
+                "job": "outbox-relay",
+                "namespace": NAMESPACE,
+                "instance": f"{pod.name}:8080",
+                "pod": pod.name,
+            },
+            a,
+            b,
+        )
+        for pod, a, b in zip(pods, first, last, strict=True)
+    ]
+
+
+def _rules() -> list[dict[str, Any]]:
+    document = yaml.safe_load(ALERTS.read_text())
+    return [rule for group in document["groups"] for rule in group["rules"]]
+
+
+def _backlog_queries() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    (panel,) = [p for p in dashboard["panels"] if p.get("title") == BACKLOG_PANEL]
+    return [
+        t["expr"].replace("$job", "outbox-relay").replace("$namespace", NAMESPACE)
+        for t in panel["targets"]
+    ]
+
+
+async def _roles(admin: asyncpg.Connection, cluster: Cluster, database: str) -> list[str]:
+    """The roles a DBA makes before the Job runs: one login per part, the Job's owning the
+    database."""
+    made = []
+    for key, role in cluster.roles.items():
+        await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+        password = cluster.passwords[key].replace("'", "''")
+        await admin.execute(f"CREATE ROLE \"{role}\" LOGIN PASSWORD '{password}'")
+        made.append(role)
+    owner = cluster.roles["migrate-url"]
+    await admin.execute(f'ALTER DATABASE "{database}" OWNER TO "{owner}"')
+    writer = cluster.config_maps["outbox-relay-roles"]["WRITER_ROLE"]
+    await admin.execute(f'DROP ROLE IF EXISTS "{writer}"')
+    await admin.execute(f'CREATE ROLE "{writer}"')
+    made.append(writer)
+    return made
+
+
+_LANES_SHARED = """
+SELECT CASE WHEN count(*) = 64 THEN count(DISTINCT owner_id) END
+FROM relay_lane WHERE lease_expires_at > now()
+"""
+# Statements of this database, by one role, that summarise the whole outbox or read the
+# scoring queue or the server's sessions and locks: what a family's probe or a backlog
+# gauge costs. (The relay's own counts, of the rows it just recorded and of the live
+# instances it shares lanes with, are its work, not these.)
+_DATABASE_WIDE_READS = """
+SELECT coalesce(sum(s.calls), 0)
+FROM pg_stat_statements s
+JOIN pg_roles r ON r.oid = s.userid
+WHERE s.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND r.rolname = $1
+  AND (s.query ILIKE '%count(*) FILTER (WHERE%'
+       OR s.query ILIKE '%pg_stat_activity%'
+       OR s.query ILIKE '%pg_locks%'
+       OR s.query ILIKE '%scoring_job_state%')
+"""
+_HEALTH_SESSIONS = """
+SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND usename = $1
+  AND application_name = 'outbox-relay-health'
+"""
+_STALLED_JOB = """
+INSERT INTO scoring_job_state (scoring_job_ref, scoring_request_ref, scoring_state,
+                               max_attempts, created_at, updated_at)
+VALUES ('job-stuck', 'request-stuck', 'queued', 3,
+        clock_timestamp() - interval '20 minutes', clock_timestamp() - interval '20 minutes')
+"""
+# Pending, but not due for an hour: a backlog that stays put while the relays run.
+_HELD_EVENTS = """
+INSERT INTO outbox (aggregatetype, aggregateid, type, payload, next_attempt_at)
+SELECT 'held', 'key-' || n, 'test.held', '{}'::jsonb, clock_timestamp() + interval '1 hour'
+FROM generate_series(1, $1) AS n
+"""
+_EVENTS = """
+INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
+SELECT 'order', 'order-' || n, 'test.published', jsonb_build_object('n', n)
+FROM generate_series(1, $1) AS n
+"""
+
+
+@pytest.mark.timeout(600)
+async def test_the_manifests_run_as_processes_and_the_kit_reads_them_once(
+    rendered: list[dict[str, Any]],
+    image: dict[str, Any],
+    empty_database_url: str,
+    kafka_bootstrap: str,
+    topic_namespace: str,
+    tmp_path: Path,
+) -> None:
+    database = urlsplit(empty_database_url).path.lstrip("/")
+    cluster = Cluster(
+        rendered,
+        image,
+        server_url=empty_database_url,
+        bootstrap=kafka_bootstrap,
+        topic_template=f"{topic_namespace}.{{aggregatetype}}",
+        suffix=f"_{uuid.uuid4().hex[:8]}",
+        workdir=tmp_path,
+    )
+    admin = await asyncpg.connect(empty_database_url)
+    await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    roles = await _roles(admin, cluster, database)
+    try:
+        # The Job: each step in order, each must succeed.
+        for step in cluster.pods("Job", "outbox-relay-migrate"):
+            code, output = await _run(step)
+            assert code == 0, (step.argv[1:], output)
+        assert await admin.fetchval("SELECT count(*) FROM outbox_relay_migration") >= 5
+        relay_role = cluster.roles["relay-url"]
+        assert await admin.fetchval(
+            "SELECT has_table_privilege($1, 'outbox', 'DELETE')", relay_role
+        )
+        assert not await admin.fetchval(
+            "SELECT has_table_privilege($1, 'outbox', 'DELETE')", cluster.roles["sidecar-url"]
+        )
+        held = 25
+
+        (sidecar,) = cluster.pods("Deployment", "outbox-relay-sidecar")
+        relays = cluster.pods("Deployment", "outbox-relay", replicas=3)
+        async with AsyncExitStack() as stack:
+            for pod in [sidecar, *relays]:
+                await stack.enter_async_context(_running(pod, tmp_path))
+            for pod in relays:
+                await _until(lambda p=pod: _is(p, "/readyz", 200), f"{pod.name} ready")
+            await _until(lambda: _is(sidecar, "/livez", 200), "the sidecar live")
+            # The image's HEALTHCHECK, run with each pod's environment, finds its server.
+            for pod in [sidecar, *relays]:
+                check = Pod(pod.name, image["healthcheck"], pod.env, pod.port)
+                assert await _run(check) == (0, ""), pod.name
+
+            # Three relays publish: once the lanes are shared, each records some events.
+            await _until(
+                lambda: _count_is(admin, _LANES_SHARED, 3), "the lanes shared by three relays"
+            )
+            events = 300
+            await admin.execute(_EVENTS, events)
+            await _until(
+                lambda: _count_is(admin, "SELECT count(*) FROM outbox_receipt", events),
+                "every event published",
+            )
+            instances = [p.env["OUTBOX_RELAY_INSTANCE_ID"] for p in relays]
+            await _until(lambda: _published_by_each(admin, instances), "every relay publishing")
+            await admin.execute(_HELD_EVENTS, held)
+            await _until(lambda: _pending_seen(sidecar, held), "the sidecar seeing the backlog")
+            # The sidecar classifies every family; nothing fires; the backlog is the table's.
+            await _until(lambda: _within(sidecar), "the sidecar within bounds")
+            evaluate = await _scrapes([sidecar, *relays], seconds=2.0)
+            assert firing(_rules(), evaluate) == []
+            pending = await admin.fetchval(
+                "SELECT count(*) FROM outbox WHERE quarantined_at IS NULL"
+            )
+            assert pending == held
+            answers = [evaluate(query) for query in _backlog_queries()]
+            values = [a for a in answers if isinstance(a, list) and a]
+            assert values, answers
+            for answer in values:
+                assert [value for _, value in answer] == [float(pending)], answers
+
+            # A stalled scoring queue: the sidecar says so, the relays stay ready.
+            await admin.execute(_STALLED_JOB)
+            await _until(
+                lambda: _says(sidecar, "scoring_jobs", "stalled"), "the sidecar saying stalled"
+            )
+            for pod in relays:
+                assert await _status(pod, "/readyz") == 200, pod.name
+                assert await _status(pod, "/livez") == 200, pod.name
+                document = await _health(pod)
+                assert _classification(document, "scoring_jobs") is None
+            targets = await _targets([sidecar, *relays], seconds=2.0)
+            alerts = firing(_rules(), Evaluator(targets, seconds=2.0, now=time.time()))
+            assert [name for name, _ in alerts] == ["OutboxRelayScoringJobsStalled"], alerts
+            # Gone from discovery: without the sidecar no family is judged, and that fires;
+            # without anything, the relays' absence fires too.
+            without_sidecar = Evaluator(targets[1:], seconds=2.0, now=time.time())
+            assert {name for name, _ in firing(_rules(), without_sidecar)} == {
+                "OutboxRelayHealthAbsent"
+            }
+            nothing = Evaluator([], seconds=2.0, now=time.time())
+            assert {name for name, _ in firing(_rules(), nothing)} == {
+                "OutboxRelayHealthAbsent",
+                "OutboxRelayRelaysAbsent",
+            }
+
+            # The relays read no database-wide state: PostgreSQL's own statement counts
+            # show none of the whole-table or whole-server reads under the relays' role,
+            # while the sidecar's role made them.
+            reads = {
+                role: await admin.fetchval(_DATABASE_WIDE_READS, cluster.roles[role])
+                for role in ("relay-url", "sidecar-url")
+            }
+            assert reads["relay-url"] == 0 and reads["sidecar-url"] > 0, reads
+            # Nor does a relay keep a health session: it has nothing to evaluate.
+            sessions = {
+                role: await admin.fetchval(_HEALTH_SESSIONS, cluster.roles[role])
+                for role in ("relay-url", "sidecar-url")
+            }
+            assert sessions["relay-url"] == 0 and sessions["sidecar-url"] > 0, sessions
+            for text in await _scrape(relays):
+                for name in ("outbox_relay_pending_events", "outbox_relay_health_classification{"):
+                    assert name not in text
+    finally:
+        for role in roles:
+            await admin.execute(f'DROP OWNED BY "{role}" CASCADE')
+        await admin.execute(f'ALTER DATABASE "{database}" OWNER TO CURRENT_USER')
+        for role in roles:
+            await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+        await admin.close()
+
+
+async def _is(pod: Pod, path: str, status: int) -> bool:
+    return await _status(pod, path) == status
+
+
+async def _count_is(conn: asyncpg.Connection, query: str, expected: int) -> bool:
+    return bool(await conn.fetchval(query) == expected)
+
+
+async def _published_by_each(conn: asyncpg.Connection, instances: list[str]) -> bool:
+    rows = await conn.fetch(
+        "SELECT instance_id, published_total FROM relay_instance WHERE instance_id = ANY($1)",
+        instances,
+    )
+    return len(rows) == len(instances) and all(row["published_total"] > 0 for row in rows)
+
+
+async def _within(pod: Pod) -> bool:
+    try:
+        document = await _health(pod)
+    except (OSError, ValueError):
+        return False
+    families = ("outbox", "scoring_jobs", "completion_outbox", "relay")
+    return all(_classification(document, f) == "within_bounds" for f in families)
+
+
+async def _pending_seen(pod: Pod, pending: int) -> bool:
+    try:
+        checks = (await _health(pod))["checks"].get("outbox:pending_count")
+    except (OSError, ValueError):
+        return False
+    return bool(checks) and checks[0]["observedValue"] == pending
+
+
+async def _says(pod: Pod, family: str, classification: str) -> bool:
+    try:
+        return _classification(await _health(pod), family) == classification
+    except (OSError, ValueError):
+        return False
