@@ -198,10 +198,12 @@ def _instrument(monkeypatch: pytest.MonkeyPatch, stages: _Stages) -> type[RelayS
         wake_set(self)
 
     class NotedStore(RelayStore):
-        async def fetch_ready(self, lanes: Any, cursor: int, limit: int) -> list[OutboxRow]:
+        async def fetch_ready(
+            self, lanes: Any, cursor: int, limit: int, **kwargs: Any
+        ) -> list[OutboxRow]:
             stages.fetch_starts.append(cursor)
             started = time.time()
-            rows = await super().fetch_ready(lanes, cursor, limit)
+            rows = await super().fetch_ready(lanes, cursor, limit, **kwargs)
             ended = time.time()
             for row in rows:  # the first fetch that read the row (a later pass re-reads it)
                 stages.fetched.setdefault(row.seq, (started, ended))

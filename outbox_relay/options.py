@@ -385,6 +385,13 @@ TOPIC_TEMPLATE = _relay_text(
     default=_RELAY["topic_template"],
     help="topic of each event; {aggregatetype} is substituted",
 )
+ALLOWED_TOPICS = _relay_text(
+    flag="--allowed-topics",
+    env="OUTBOX_RELAY_ALLOWED_TOPICS",
+    default_text="every topic",
+    help="a regular expression every topic must match whole; a row routed elsewhere is "
+    "quarantined as topic_not_allowed",
+)
 CE_SOURCE = _relay_text(
     flag="--ce-source",
     env="OUTBOX_RELAY_CE_SOURCE",
@@ -408,6 +415,11 @@ COMPRESSION = _relay_text(
 )
 RELAY_TUNING: tuple[Integer, ...] = (
     _relay_int("--batch-size", "OUTBOX_RELAY_BATCH_SIZE", "rows claimed per batch"),
+    _relay_int(
+        "--fetch-max-bytes",
+        "OUTBOX_RELAY_FETCH_MAX_BYTES",
+        "bytes of rows one fetch transfers, plus one row (bounds the relay's memory)",
+    ),
     _relay_int(
         "--max-in-flight-batches", "OUTBOX_RELAY_MAX_IN_FLIGHT_BATCHES", "batches sent at once"
     ),
@@ -576,6 +588,7 @@ OPTIONS: tuple[Option, ...] = (
     KAFKA_SSL_CERTFILE,
     KAFKA_SSL_KEYFILE,
     TOPIC_TEMPLATE,
+    ALLOWED_TOPICS,
     CE_SOURCE,
     INSTANCE_ID,
     NO_NOTIFY,
@@ -869,6 +882,7 @@ def relay_config(
         kafka_bootstrap=KAFKA_BOOTSTRAP.required(args, environ),
         kafka_security=security,
         topic_template=TOPIC_TEMPLATE.required(args, environ),
+        allowed_topics=ALLOWED_TOPICS.value(args, environ),
         ce_source=CE_SOURCE.required(args, environ),
         instance_id=INSTANCE_ID.value(args, environ) or new_instance_id(),
         notify=not NO_NOTIFY.value(args, environ),

@@ -113,9 +113,15 @@ class RelayConfig:
     kafka_bootstrap: str
     kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
     topic_template: str = DEFAULT_TOPIC_TEMPLATE
+    # A regular expression every topic must match as a whole (the row's own and the
+    # template's); a row routed elsewhere is quarantined as topic_not_allowed.
+    allowed_topics: str | None = None
     ce_source: str = "urn:outbox-relay"
     instance_id: str = field(default_factory=new_instance_id)
     batch_size: int = 1000
+    # A fetch transfers at most this many bytes of rows (plus one row): with the batches in
+    # flight it bounds the relay's memory whatever the rows hold (docs/relay.md, "Sizes").
+    fetch_max_bytes: int = 8 * 1024 * 1024
     max_in_flight_batches: int = 4
     poll_interval_ms: int = 1000
     notify: bool = True
@@ -147,6 +153,7 @@ class RelayConfig:
             ("--instance-id", self.instance_id),
         )
         validate_topic_template(self.topic_template)
+        self.allowed_topics_pattern()  # a pattern that does not compile is refused now
         if not self.kafka_bootstrap:
             raise ConfigError("--kafka-bootstrap (KAFKA_BOOTSTRAP_SERVERS) is required")
         validate_bootstrap(self.kafka_bootstrap)
@@ -164,6 +171,15 @@ class RelayConfig:
         if self.compression not in (None, "gzip", "snappy", "lz4", "zstd"):
             raise ConfigError("--compression must be one of gzip, snappy, lz4, zstd")
 
+    def allowed_topics_pattern(self) -> re.Pattern[str] | None:
+        """``allowed_topics`` compiled (None: every topic is allowed)."""
+        if self.allowed_topics is None:
+            return None
+        try:
+            return re.compile(self.allowed_topics)
+        except re.error as exc:
+            raise ConfigError(f"--allowed-topics is not a regular expression: {exc.msg}") from None
+
 
 # Each integer setting's (least, greatest) value, by field: counts and durations positive,
 # the linger and the open-writer warning 0 or more. The command line declares its flags
@@ -171,6 +187,7 @@ class RelayConfig:
 # the same words.
 RANGES: Final[Mapping[str, tuple[int, int]]] = {
     "batch_size": (1, MAX_SETTING),
+    "fetch_max_bytes": (1, MAX_SETTING),
     "max_in_flight_batches": (1, MAX_SETTING),
     "poll_interval_ms": (1, MAX_SETTING),
     "max_attempts": (1, INT4_MAX),

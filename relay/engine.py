@@ -39,17 +39,36 @@ from relay.inflight import InFlightWindow
 from relay.lanes import LaneKeeper
 from relay.liveness import Liveness
 from relay.metrics import RelayMetrics
-from relay.outcome import FailedRow, Outcome, sort_outcome
+from relay.outcome import FailedRow, Outcome, PublishedGroup, sort_outcome
 from relay.passes import Fetched, FetchPlan, Passes
 from relay.producer import ProducerFactory, ProducerKeeper, make_producer
 from relay.publisher import Submission
 from relay.records import OutboxRow, RecordMapper
-from relay.retry import LANE_LOST, NOT_BROKER_FAILURES, backoff_ms, retry_delay_ms
+from relay.retry import (
+    LANE_LOST,
+    NOT_BROKER_FAILURES,
+    backoff_ms,
+    refused_for_content,
+    retry_delay_ms,
+)
 from relay.stopping import Stopped, unless_stopped
-from relay.store import OutboxStore, RelayStore, StoreFactory, create_relay_pool
+from relay.store import OutboxStore, Recorded, RelayStore, StoreFactory, create_relay_pool
 from relay.wakeups import NotificationListener, WakeUp, listen_plan
 
 log = logging.getLogger(__name__)
+
+# One row's outcome in a batch's record: a published row (a group of one, at its offset),
+# or a failed row and its retry delay.
+_Unit = PublishedGroup | tuple[FailedRow, int]
+
+
+class _RefusedForContent(Exception):
+    """The database refused an outcome's statement for the rows it carries."""
+
+    def __init__(self, sqlstate: str) -> None:
+        super().__init__(sqlstate)
+        self.sqlstate = sqlstate
+
 
 # The least time handing the lanes back and closing the pool get after a stop, even when
 # the drain used all of its time: one round trip on a healthy path.
@@ -117,7 +136,10 @@ class Relay:
             config, factory=producer_factory, on_backoff=self._wait_on_kafka, rng=self._rng
         )
         self._mapper = RecordMapper(
-            topic_template=config.topic_template, ce_source=config.ce_source
+            topic_template=config.topic_template,
+            ce_source=config.ce_source,
+            allowed_topics=config.allowed_topics_pattern(),
+            on_void_traceparent=metrics.void_traceparents.inc,
         )
         self._store_factory = store_factory
         self._store: OutboxStore | None = None
@@ -135,6 +157,7 @@ class Relay:
             self._window,
             poll_interval_ms=config.poll_interval_ms,
             batch_size=config.batch_size,
+            fetch_max_bytes=config.fetch_max_bytes,
         )
         self._bound_unreadable_said = False  # the sequence's refusal is logged once
         # Submissions the broker may not have answered yet (answered ones are dropped).
@@ -161,8 +184,18 @@ class Relay:
         pool = await self._connect(stop)
         if pool is None:
             return
-        store = self._store = self._store_factory(pool, instance_id=config.instance_id)
-        self._lanes = LaneKeeper(pool, instance_id=config.instance_id, ttl_ms=config.lease_ttl_ms)
+        store = self._store = self._store_factory(
+            pool,
+            instance_id=config.instance_id,
+            topic_template=config.topic_template,
+            fetch_max_bytes=config.fetch_max_bytes,
+        )
+        self._lanes = LaneKeeper(
+            pool,
+            instance_id=config.instance_id,
+            ttl_ms=config.lease_ttl_ms,
+            topic_template=config.topic_template,
+        )
         housekeeping = Housekeeping(store, config, self.metrics, self.liveness)
         try:
             if not await self._producer.start(stop):
@@ -364,6 +397,7 @@ class Relay:
                     passes.start(
                         time.monotonic(),
                         full_pass_requested=wake.full_pass_requested(),
+                        full_pass_hinted=wake.full_pass_hinted(),
                         full_passes_until=wake.take_full_passes_until(),
                     )
                     if self._producer.broken:
@@ -382,7 +416,11 @@ class Relay:
                         continue
                     wake.clear()
                     await window.take_slot()
-                    fetching = self._fetch(passes.plan(lanes, wake.take_start(passes.cursor)))
+                    plan = passes.plan(lanes, time.monotonic(), wake.take_lowest_notified())
+                    if plan.start == 0:
+                        wake.pass_started()
+                        self.metrics.full_passes.inc()
+                    fetching = self._fetch(plan)
                 else:
                     fetching, prefetch = prefetch.fetched(), None
                 try:
@@ -394,15 +432,8 @@ class Relay:
                         backoff_ms(1, base_ms=200, cap_ms=2_000, rng=self._rng) / 1000
                     )
                     continue
-                accepted = passes.accept(
-                    fetched, heard_up_to=wake.heard_up_to, lowest_notified=wake.lowest_notified()
-                )
-                if accepted is None:
-                    # Read again from below the late commit (the next fetch starts there),
-                    # sending none of these rows.
-                    window.fetch_done(fetched.mark)
-                    window.give_back_slot()
-                    continue
+                self.metrics.fetched_bytes.inc(fetched.transferred_bytes)
+                accepted = passes.accept(fetched)
                 if accepted.cut:
                     # The next pass starts from the beginning at once: it reads any row stepped
                     # over before its key's next one.
@@ -485,7 +516,9 @@ class Relay:
         # from earlier fetches, whose rows lie below its start.
         mark = self._window.fetch_mark()
         try:
-            rows = await self._store.fetch_ready(plan.lanes, plan.start, self.config.batch_size)
+            rows = await self._store.fetch_ready(
+                plan.lanes, plan.start, plan.limit, check_below=plan.check_below
+            )
         except BaseException:
             self._window.fetch_done(mark)
             raise
@@ -617,35 +650,24 @@ class Relay:
             self._wake.request_full_passes_until(
                 time.monotonic() + (max(delays) + config.poll_interval_ms) / 1000
             )
-        attempt = 0
-        while True:
-            try:
-                recorded = await self._store.record_outcome(
-                    batch.fences,
-                    outcome.published,
-                    failed,
-                    delays,
-                    max_attempts=config.max_attempts,
-                )
-                break
-            except DB_ERRORS as exc:
-                attempt += 1
-                # Past the lease the write would be fenced anyway: give the rows up to
-                # the next owner (or to ourselves after the next claim) for republishing.
-                if time.monotonic() > self._lanes.leases.valid_until:
-                    log.warning(
-                        "could not record acknowledgements before the lease ended; "
-                        "the events will be published again",
-                        extra={
-                            "events": outcome.published_count,
-                            "cause": unavailable_cause(exc),
-                        },
-                    )
-                    return
-                await anyio.sleep(
-                    backoff_ms(attempt, base_ms=100, cap_ms=2_000, rng=self._rng) / 1000
-                )
-        fenced = outcome.published_count - recorded.published
+        units: list[_Unit] = [
+            PublishedGroup(group.topic, group.partition, group.base_offset + i, [row])
+            for group in outcome.published
+            for i, row in enumerate(group.rows)
+        ]
+        units.extend(zip(failed, delays, strict=True))
+        written = await self._write_outcome(batch.fences, units)
+        if written is None:
+            # Past the lease the write would be fenced anyway: the rows go to the next
+            # owner (or to ourselves after the next claim) for republishing.
+            log.warning(
+                "could not record acknowledgements before the lease ended; "
+                "the events will be published again",
+                extra={"events": outcome.published_count},
+            )
+            return
+        recorded, unrecordable = written
+        fenced = outcome.published_count - recorded.published - unrecordable
         if fenced:
             self.metrics.fenced.inc(fenced)
             log.warning(
@@ -654,6 +676,90 @@ class Relay:
             )
         if failed:
             self._count_failures(failed, recorded.quarantined)
+
+    async def _write_outcome(
+        self, fences: dict[int, int], units: list[_Unit]
+    ) -> tuple[Recorded, int] | None:
+        """Record a batch's outcome: what was recorded and how many of its published rows
+        the database refused to record; None when the lease ended first.
+
+        One statement for the whole batch. When the database refuses it for a row's
+        content (a value over a limit, a check), the batch is recorded in halves, down to
+        single rows, so the others are recorded; a row whose own outcome cannot be written
+        is left out of this process's fetches (relay/passes.py) and said once.
+        """
+        published = quarantined = unrecordable = 0
+        parts = [units]
+        while parts:
+            part = parts.pop()
+            try:
+                recorded = await self._write_part(fences, part)
+            except _RefusedForContent as refused:
+                if len(part) > 1:
+                    middle = len(part) // 2
+                    parts.extend((part[middle:], part[:middle]))  # the first half first
+                    continue
+                unrecordable += self._leave_out_unrecordable(part[0], refused.sqlstate)
+                continue
+            if recorded is None:
+                return None
+            published += recorded.published
+            quarantined += recorded.quarantined
+        return Recorded(published, quarantined), unrecordable
+
+    async def _write_part(self, fences: dict[int, int], part: list[_Unit]) -> Recorded | None:
+        """One statement for these rows' outcomes, retried while the database cannot be
+        reached (said once per cause); None when the lease ended first."""
+        assert self._store is not None and self._lanes is not None
+        groups = [unit for unit in part if isinstance(unit, PublishedGroup)]
+        failures = [unit for unit in part if not isinstance(unit, PublishedGroup)]
+        attempt = 0
+        said = ""
+        while True:
+            try:
+                return await self._store.record_outcome(
+                    fences,
+                    groups,
+                    [failed for failed, _ in failures],
+                    [delay for _, delay in failures],
+                    max_attempts=self.config.max_attempts,
+                )
+            except DB_ERRORS as exc:
+                if refused_for_content(exc):
+                    raise _RefusedForContent(getattr(exc, "sqlstate", None) or "") from exc
+                cause = unavailable_cause(exc)
+                if cause != said:
+                    log.warning(
+                        "could not record a batch's outcome; retrying", extra={"cause": cause}
+                    )
+                    said = cause
+                if time.monotonic() > self._lanes.leases.valid_until:
+                    return None
+                attempt += 1
+                await anyio.sleep(
+                    backoff_ms(attempt, base_ms=100, cap_ms=2_000, rng=self._rng) / 1000
+                )
+
+    def _leave_out_unrecordable(self, unit: _Unit, sqlstate: str) -> int:
+        """A row whose outcome the database refuses to record: this process never sends
+        it again (it stays in the outbox, where the health sidecar sees it wait), and a
+        failed one keeps its key held. Returns 1 for a published row, else 0."""
+        row = unit.rows[0] if isinstance(unit, PublishedGroup) else unit[0].row
+        self._passes.leave_out_for_good(row.seq)
+        self.metrics.unrecordable.set(self._passes.left_out_for_good)
+        log.error(
+            "the database refused to record this event's outcome; it is left out until the "
+            "relay restarts",
+            extra={
+                "seq": row.seq,
+                "sqlstate": sqlstate,
+                "published": isinstance(unit, PublishedGroup),
+            },
+        )
+        if isinstance(unit, PublishedGroup):
+            return 1
+        self._window.hold([row.aggregateid])  # never released: its failure is not recorded
+        return 0
 
     def _count_failures(self, failed: list[FailedRow], quarantined: int) -> None:
         by_class = Counter(failure for _, failure in failed if failure is not LANE_LOST)

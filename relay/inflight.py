@@ -129,6 +129,10 @@ class InFlightWindow:
         """True when no row is in flight."""
         return not self._lanes
 
+    def holds_seq(self, seq: int) -> bool:
+        """True while the row ``seq`` is in flight."""
+        return seq in self._lanes
+
     def seqs(self) -> frozenset[int]:
         """The rows in flight now: a fetch that may meet them leaves these out."""
         return frozenset(self._lanes)

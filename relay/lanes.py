@@ -55,17 +55,20 @@ class LaneLeases:
 class LaneKeeper:
     """Heartbeats, renews held leases, claims a fair share and hands back the excess."""
 
-    def __init__(self, pool: asyncpg.Pool, *, instance_id: str, ttl_ms: int) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, *, instance_id: str, ttl_ms: int, topic_template: str
+    ) -> None:
         self._pool = pool
         self._instance_id = instance_id
         self._ttl_ms = ttl_ms
+        self._topic_template = topic_template
         self.leases = LaneLeases()
 
     async def tick(self, *, in_flight_lanes: set[int]) -> None:
         """One round: heartbeat, renew, rebalance. Raises on database errors."""
         started = time.monotonic()
         async with pooled(self._pool) as conn, conn.transaction():
-            await conn.execute(sql.HEARTBEAT, self._instance_id)
+            await conn.execute(sql.HEARTBEAT, self._instance_id, self._topic_template)
             renewed = {
                 r["lane"]: r["fence"]
                 for r in await conn.fetch(sql.RENEW_LANES, self._instance_id, self._ttl_ms)

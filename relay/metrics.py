@@ -128,6 +128,10 @@ class RelayMetrics:
     fenced: Counter
     lanes_owned: Gauge
     receipts_pruned: Counter
+    fetched_bytes: Counter
+    full_passes: Counter
+    void_traceparents: Counter
+    unrecordable: Gauge
     ready: Gauge
     backlog: BacklogGauges | None
     """None for a relay-only process: it neither reads nor exports database-wide state."""
@@ -177,6 +181,29 @@ class RelayMetrics:
             receipts_pruned=Counter(
                 "outbox_relay_pruned_receipts",
                 "Delivery receipts pruned after retention.",
+                registry=registry,
+            ),
+            fetched_bytes=Counter(
+                "outbox_relay_fetched_bytes",
+                "Bytes of outbox rows fetched whole (their text columns as stored); a row too "
+                "large to publish is not fetched whole.",
+                registry=registry,
+            ),
+            full_passes=Counter(
+                "outbox_relay_full_passes",
+                "Fetch passes started from the beginning of the outbox.",
+                registry=registry,
+            ),
+            void_traceparents=Counter(
+                "outbox_relay_void_traceparents",
+                "Rows whose traceparent a receiver must ignore (version ff, an all-zero id): "
+                "published without it.",
+                registry=registry,
+            ),
+            unrecordable=Gauge(
+                "outbox_relay_unrecordable_events",
+                "Events whose outcome the database refused to record: left out by this "
+                "process until it restarts.",
                 registry=registry,
             ),
             ready=Gauge(

@@ -4,10 +4,11 @@ A *full pass* reads the outbox from the beginning; its fetches follow each other
 they come back full. Once one does not, the fetches after it are *cursor fetches*: they
 start from the cursor (or below the lowest seq notified since), until the next full pass,
 at the latest a poll interval after this one began. Every decision about that — when a
-pass must start from the beginning, what a cursor fetch can vouch for, where a pass's
-later fetches stop, which fetched rows may be sent — is made here, over values the fetch
-loop passes in (the clock, the fetched rows, what notifications said). Nothing here
-waits or does I/O; relay/engine.py runs the statements and the task groups.
+pass must start from the beginning, where a fetch starts and how many rows it asks for,
+which rows of a cursor fetch must wait for a late commit, where a pass's later fetches
+stop, which fetched rows may be sent — is made here, over values the fetch loop passes in
+(the clock, the fetched rows, what notifications hinted). Nothing here waits or does I/O;
+relay/engine.py runs the statements and the task groups.
 
 docs/relay.md, "Fetching: passes and the key hold", says why each rule keeps a key's
 order; relay/inflight.py keeps the rows in flight and the keys held, which these rules
@@ -20,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from relay.inflight import InFlightWindow
-from relay.records import OutboxRow
+from relay.records import MAX_FETCHED_ROW_BYTES, OutboxRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,10 +31,19 @@ class FetchPlan:
     lanes: frozenset[int]
     start: int
     """The seq it reads after."""
+    limit: int
+    """At most this many rows (its bytes are bounded by the store)."""
     cursor_fetch: bool
-    """Between full passes: it sends only what it can vouch for (:meth:`Passes.accept`)."""
+    """Between full passes: each row comes with its key's earliest pending row at or below
+    the start, which it must not overtake (:meth:`Passes.accept`)."""
     opens_pass: bool
     """A full pass's first fetch: the pass's bound is read before its statement."""
+
+    @property
+    def check_below(self) -> int:
+        """The seq at or below which the statement looks for a row's earlier pending rows:
+        the start of a cursor fetch; 0 (none) for a pass's fetches, which its bound keeps."""
+        return self.start if self.cursor_fetch else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,13 +54,17 @@ class Fetched:
     rows: list[OutboxRow]
     """In seq order, minus the rows that were in flight when its statement started."""
     full: bool
-    """The statement's limit was reached: more rows may follow at once."""
+    """The statement's row limit or byte budget was reached: more rows may follow at once."""
     last_seq: int | None
     """The last seq it read, rows left out included: where the cursor may move."""
     mark: int
     """The in-flight window's mark taken when it started (InFlightWindow.held_since)."""
+    left_out: frozenset[int] = frozenset()
+    """The rows in flight when its statement started."""
     bound: int | None = None
     """For a pass's first fetch, the highest seq drawn before it (None: not known)."""
+    transferred_bytes: int = 0
+    """The size of the rows it transferred whole."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,29 +91,38 @@ def within_bound(rows: list[OutboxRow], bound: int | None) -> tuple[list[OutboxR
     return [r for r in rows if r.seq <= bound], True  # in seq order: a prefix
 
 
-def vouched(
-    rows: list[OutboxRow], full: bool, last_seq: int | None, heard_up_to: int
-) -> tuple[list[OutboxRow], bool, int | None]:
-    """The rows of a cursor fetch it can vouch for: those up to the highest seq heard of.
-
-    Notifications arrive in commit order, so once a row's own is heard, so is that of
-    every transaction that committed before its transaction took its seq, among them any
-    earlier row of its key that this fetch's start could have passed over. Rows after the
-    first unheard one wait for their notification (or the next full pass); the cursor
-    stays before them.
-    """
-    if not rows or rows[-1].seq <= heard_up_to:
-        return rows, full, last_seq
-    kept = [r for r in rows if r.seq <= heard_up_to]  # in seq order: a prefix
-    return kept, False, rows[len(kept)].seq - 1
+# A notification's payload is a hint: any role that can connect may send one. Hints may
+# move a fetch's start below the cursor, or bring a pass from the beginning, at most this
+# many times each per poll interval; past that they only wake the loop.
+HINTS_PER_POLL = 2
 
 
-def announced_below(fetched: Fetched, lowest_notified: int | None) -> bool:
-    """True when rows at or below a cursor fetch's start were notified while it ran: its
-    snapshot may hold a later row of their key, which it must not send first."""
-    return (
-        bool(fetched.rows) and lowest_notified is not None and lowest_notified <= fetched.plan.start
-    )
+def fetch_start(cursor: int, lowest_notified: int | None) -> int:
+    """Where a fetch after ``cursor`` starts: before the lowest seq notified since the last
+    fetch began, so a transaction that committed after the cursor moved past its rows (seq
+    is taken at INSERT, not at COMMIT) is read at once."""
+    if lowest_notified is None:
+        return cursor
+    return max(0, min(cursor, lowest_notified - 1))
+
+
+class _HintBudget:
+    """How many hints of one kind were taken in the current poll interval."""
+
+    __slots__ = ("_interval_s", "_since", "_taken")
+
+    def __init__(self, interval_s: float) -> None:
+        self._interval_s = interval_s
+        self._since = float("-inf")
+        self._taken = 0
+
+    def take(self, now: float) -> bool:
+        if now - self._since >= self._interval_s:
+            self._since, self._taken = now, 0
+        if self._taken >= HINTS_PER_POLL:
+            return False
+        self._taken += 1
+        return True
 
 
 class Passes:
@@ -110,12 +133,25 @@ class Passes:
     :meth:`sendable`, and :meth:`ended` when a fetch was not full. The acknowledging side
     never touches this object: a failure it records asks for full passes through the
     wake-up (relay/wakeups.py), which the loop hands to :meth:`start`.
+
+    What a fetch may send never depends on a notification: a pass's later fetches stop at
+    the bound read before its first one, and a cursor fetch leaves out a row whose key has
+    an earlier pending row it did not read (a late commit), as the statement reports it.
+    Notifications only say when to fetch and where to start looking.
     """
 
-    def __init__(self, window: InFlightWindow, *, poll_interval_ms: int, batch_size: int) -> None:
+    def __init__(
+        self,
+        window: InFlightWindow,
+        *,
+        poll_interval_ms: int,
+        batch_size: int,
+        fetch_max_bytes: int,
+    ) -> None:
         self._window = window
         self._poll_s = poll_interval_ms / 1000
         self._batch_size = batch_size
+        self._fetch_max_bytes = fetch_max_bytes
         self.cursor = 0
         """Where the next fetch reads after; 0: the next fetch opens a full pass."""
         self.in_full_pass = False
@@ -134,17 +170,28 @@ class Passes:
         # behind the cursor for its retry.
         self._full_until = 0.0
         self._read_up_to = 0  # the highest seq any fetch has read
+        # Below a late commit a cursor fetch found (one seq before it): where the next fetch
+        # starts at the latest.
+        self._back_to: int | None = None
+        # Rows a fetch may ask for: the batch size, lower after a fetch its byte budget cut
+        # (the statement printed rows it did not return), doubling back after each fetch.
+        self._limit = batch_size
+        self._restart_hints = _HintBudget(self._poll_s)
+        self._start_hints = _HintBudget(self._poll_s)
         # A bound read while the loop waited, for the next full pass to take instead of
         # reading its own on the way to its first fetch.
         self._spare_bound: int | None = None
         self._bound_refreshing = False
+        # Rows whose outcome the database refused to record: never sent again by this
+        # process (a failed one's key stays held in the window).
+        self._left_out_for_good: set[int] = set()
 
     # -- before a fetch -------------------------------------------------------------------
     def full_pass_due(self, now: float, *, requested: bool) -> bool:
         """True when the next fetch must start from the beginning of the outbox: asked
-        for (a poll, a notification without seqs, new lanes), a poll interval after the
-        last full pass began, or while rows may wait behind the cursor that no
-        notification will announce (held keys, retries, rows this relay left out)."""
+        for (a poll, new lanes, a reconnected listener), a poll interval after the last
+        full pass began, or while rows may wait behind the cursor that no notification
+        will announce (held keys, retries, rows this relay left out)."""
         return (
             requested
             or now - self._started_at >= self._poll_s
@@ -154,18 +201,31 @@ class Passes:
             or self._window.irregular_since(self._mark)
         )
 
-    def start(self, now: float, *, full_pass_requested: bool, full_passes_until: float) -> None:
+    def start(
+        self,
+        now: float,
+        *,
+        full_pass_requested: bool,
+        full_pass_hinted: bool = False,
+        full_passes_until: float = 0.0,
+    ) -> None:
         """Before a fetch is planned: go back to the beginning if a full pass is due, and
-        open a pass there. ``full_passes_until`` comes from recorded failures (their rows
-        wait behind the cursor until they are due, and a poll interval more)."""
+        open a pass there. ``full_pass_hinted`` is a notification without seqs (a redrive's
+        wake-up, or anyone's): honoured within the hint budget. ``full_passes_until`` comes
+        from recorded failures (their rows wait behind the cursor until they are due, and a
+        poll interval more)."""
         self._full_until = max(self._full_until, full_passes_until)
-        if self.cursor and self.full_pass_due(now, requested=full_pass_requested):
+        if self.cursor and (
+            self.full_pass_due(now, requested=full_pass_requested)
+            or (full_pass_hinted and self._restart_hints.take(now))
+        ):
             # Under a continuous backlog a pass also ends after a poll interval; rows still
             # in flight are left out of its fetches (leave_out).
             self.cursor = 0
         if self.cursor == 0:
             self.in_full_pass = True
             self._stepped_over = False
+            self._back_to = None
             self._started_at = now
             if self._mark is not None:
                 self._window.fetch_done(self._mark)
@@ -176,11 +236,24 @@ class Passes:
         moved past their rows, so only a full pass finds them."""
         return bool(self.cursor) and not self._fetched_lanes.issuperset(lanes)
 
-    def plan(self, lanes: Iterable[int], start: int) -> FetchPlan:
-        """The next fetch, from ``start`` (the cursor, or below a seq notified since)."""
+    def plan(
+        self, lanes: Iterable[int], now: float, lowest_notified: int | None = None
+    ) -> FetchPlan:
+        """The next fetch: from the cursor, or below a late commit a cursor fetch found, or
+        below the lowest seq notified since the last fetch (within the hint budget)."""
+        start = self.cursor
+        if self._back_to is not None:
+            start, self._back_to = min(start, self._back_to), None
+        if (
+            lowest_notified is not None
+            and fetch_start(start, lowest_notified) < start
+            and self._start_hints.take(now)
+        ):
+            start = fetch_start(start, lowest_notified)
         return FetchPlan(
             frozenset(lanes),
             start,
+            self._limit,
             cursor_fetch=not self.in_full_pass,
             opens_pass=self.cursor == 0,
         )
@@ -192,10 +265,13 @@ class Passes:
         A fetch that starts while batches are in flight meets their rows again. A row
         whose outcome is recorded while the statement runs may still be read, and must
         not be sent a second time. Every row in flight was read by some fetch, so none
-        lies above the highest seq read so far: a fetch from there on (every fetch of an
-        ordinary pass) needs no set.
+        lies above the highest seq read so far: a pass's fetch from there on (every fetch
+        of an ordinary pass) needs no set. A cursor fetch always takes it: a row's earlier
+        pending row in flight is no late commit.
         """
-        if plan.start < self._read_up_to and not self._window.empty():
+        if self._window.empty():
+            return frozenset()
+        if plan.cursor_fetch or plan.start < self._read_up_to:
             return self._window.seqs()
         return frozenset()
 
@@ -208,30 +284,50 @@ class Passes:
         left_out: frozenset[int],
         bound: int | None = None,
     ) -> Fetched:
-        """What the statement of ``plan`` returned (at most the batch size, in seq order)."""
+        """What the statement of ``plan`` returned: at most its limit, in seq order, and
+        the rows that fit the byte budget (plus the one that crossed it)."""
         if rows:
             self._read_up_to = max(self._read_up_to, rows[-1].seq)
+        transferred = sum(row.size for row in rows if row.size <= MAX_FETCHED_ROW_BYTES)
+        cut_by_bytes = transferred >= self._fetch_max_bytes
+        if cut_by_bytes:
+            # The statement printed rows it did not return: ask for fewer next time.
+            self._limit = max(1, min(self._batch_size, 2 * len(rows)))
+        elif self._limit < self._batch_size:
+            self._limit = min(self._batch_size, 2 * self._limit)
         return Fetched(
             plan,
             [r for r in rows if r.seq not in left_out] if left_out else rows,
-            full=len(rows) == self._batch_size,
+            full=len(rows) == plan.limit or cut_by_bytes,
             last_seq=rows[-1].seq if rows else None,
             mark=mark,
+            left_out=left_out,
             bound=bound,
+            transferred_bytes=transferred,
         )
 
     # -- after a fetch --------------------------------------------------------------------
-    def accept(
-        self, fetched: Fetched, *, heard_up_to: int, lowest_notified: int | None
-    ) -> Accepted | None:
-        """The rows the pass lets through, and the cursor moved past what was read; None
-        when the fetch must be read again from below (nothing of it is sent)."""
+    def accept(self, fetched: Fetched) -> Accepted:
+        """The rows the pass lets through, and the cursor moved past what was read."""
         rows, full, last_seq = fetched.rows, fetched.full, fetched.last_seq
         cut = False
         if fetched.plan.cursor_fetch:
-            if announced_below(fetched, lowest_notified):
-                return None
-            rows, full, last_seq = vouched(rows, full, last_seq, heard_up_to)
+            late = {
+                row.earlier
+                for row in rows
+                if row.earlier is not None
+                and row.earlier not in fetched.left_out
+                and not self._window.holds_seq(row.earlier)
+            }
+            if late:
+                # A late commit below the start: its key's rows here wait, and the next
+                # fetch (at once) starts below it, so it goes first.
+                back_to = min(late) - 1
+                if self._back_to is not None:
+                    back_to = min(back_to, self._back_to)
+                self._back_to = back_to
+                rows = [row for row in rows if row.earlier not in late]
+                full = True
         elif fetched.plan.opens_pass:
             self._bound = fetched.bound
         else:
@@ -242,6 +338,11 @@ class Passes:
             # A fetch that was not full read every visible row after its start: a cursor
             # that went back for a late commit returns to where it was.
             self.cursor = last_seq if full else max(self.cursor, last_seq)
+        if fetched.plan.opens_pass and not full and fetched.bound:
+            # A pass's only fetch read every row visible up to the bound: the next fetches
+            # start there, as cursor fetches, instead of from the beginning again (a row
+            # that commits late below it is found as any late commit is).
+            self.cursor = max(self.cursor, fetched.bound)
         return Accepted(rows, full, cut)
 
     def may_prefetch(
@@ -271,7 +372,11 @@ class Passes:
         only after the prefetch's statement began (leave_out); a late commit notified
         meanwhile is read by the next fetch that is not a prefetch."""
         return FetchPlan(
-            frozenset(lanes), self.cursor, cursor_fetch=not self.in_full_pass, opens_pass=False
+            frozenset(lanes),
+            self.cursor,
+            self._limit,
+            cursor_fetch=not self.in_full_pass,
+            opens_pass=False,
         )
 
     def sendable(self, rows: list[OutboxRow], lanes: Iterable[int], mark: int) -> list[OutboxRow]:
@@ -282,6 +387,8 @@ class Passes:
         released since the pass began, which may have rows the pass stepped over. The next
         pass finds every row left out here.
         """
+        if self._left_out_for_good:
+            rows = [row for row in rows if row.seq not in self._left_out_for_good]
         publishable = set(lanes)
         since = mark if self._mark is None else min(mark, self._mark)
         # While nothing is held, no row needs the per-key test (the hot path).
@@ -294,6 +401,15 @@ class Passes:
         if len(kept) < len(rows):
             self._stepped_over = True
         return kept
+
+    def leave_out_for_good(self, seq: int) -> None:
+        """Never let the row ``seq`` through again (its outcome cannot be recorded)."""
+        self._left_out_for_good.add(seq)
+
+    @property
+    def left_out_for_good(self) -> int:
+        """How many rows are left out for good."""
+        return len(self._left_out_for_good)
 
     def ended(self) -> None:
         """A fetch was not full: the next one comes on news, as a cursor fetch."""

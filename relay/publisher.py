@@ -158,7 +158,9 @@ class BatchPublisher:
                 continue  # held back behind its key's row that cannot be mapped
             try:
                 mapped.append((row, to_record(row)))
-            except RecordRejected as exc:
+            except Exception as exc:
+                # RecordRejected, or an error nothing expected: either way this row fails
+                # alone (relay/retry.py classifies it) and the batch goes on.
                 rejected_keys.add(row.aggregateid)
                 rejected.append((row, exc))
         submission = Submission(self._ledger)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import NamedTuple
 
 import msgspec
 
-_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-# Headers the relay sets itself; a row's own headers may not replace them.
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+# Headers the relay sets itself; a row's own headers may not replace them, in any case
+# (consumers look header names up case-insensitively more often than not).
 RESERVED_HEADERS = frozenset(
     {
         "id",
@@ -23,6 +25,7 @@ RESERVED_HEADERS = frozenset(
     }
 )
 _OPTIONAL_COLUMN_HEADERS = ("tenant_ref", "schema_version", "correlation_ref", "causation_ref")
+_RESERVED_LOWER = RESERVED_HEADERS | frozenset(_OPTIONAL_COLUMN_HEADERS)
 _headers_decoder = msgspec.json.Decoder(dict[str, str])
 _compact = msgspec.json.format
 _SPECVERSION = ("ce_specversion", b"1.0")
@@ -32,6 +35,17 @@ _new_record = tuple.__new__
 _RECORD_OVERHEAD = 64
 # The producer's default max.request.size; a record above it can never be sent.
 MAX_RECORD_BYTES = 1_048_576
+# The largest row the fetch transfers whole, by the size of its text columns as stored
+# (relay/sql.py, FETCH_READY). A row whose record fits MAX_RECORD_BYTES is never larger:
+# jsonb prints at most 1.5 bytes per byte of compact JSON, and a header object at most
+# 5 bytes per byte of header name and value. A larger row comes without its payload and
+# headers and is quarantined as too large.
+MAX_FETCHED_ROW_BYTES = 5 * MAX_RECORD_BYTES
+# A W3C trace context a receiver must ignore: version ff, or an all-zero trace or parent id
+# (the outbox's CHECK takes its shape only, and inserts that pass it keep passing).
+_TRACEPARENT_VOID_VERSION = "ff"
+_ZERO_TRACE_ID = "0" * 32
+_ZERO_PARENT_ID = "0" * 16
 
 
 class RecordRejected(Exception):
@@ -68,6 +82,12 @@ class OutboxRow(NamedTuple):
     attempts: int
     holds_key: bool = False
     """Fetched while waiting to be retried: the database held its key's later rows back."""
+    size: int = 0
+    """The row's text columns in bytes as stored; over MAX_FETCHED_ROW_BYTES the fetch left
+    its payload and headers out."""
+    earlier: int | None = None
+    """For a cursor fetch: the seq of the last pending row of its key on its topic at or
+    below the fetch's start (relay/sql.py, FETCH_READY), if any."""
 
 
 class KafkaRecord(NamedTuple):
@@ -87,9 +107,17 @@ class RecordMapper:
     """
 
     def __init__(
-        self, *, topic_template: str, ce_source: str, max_record_bytes: int = MAX_RECORD_BYTES
+        self,
+        *,
+        topic_template: str,
+        ce_source: str,
+        max_record_bytes: int = MAX_RECORD_BYTES,
+        allowed_topics: re.Pattern[str] | None = None,
+        on_void_traceparent: Callable[[], None] = lambda: None,
     ) -> None:
         self._template = topic_template
+        self._allowed = allowed_topics
+        self._on_void_traceparent = on_void_traceparent
         self._source_header = ("ce_source", ce_source.encode())
         self._max_record_bytes = max_record_bytes
         self._topics: dict[str, str] = {}  # validated names
@@ -121,8 +149,10 @@ class RecordMapper:
     def _validated(self, wanted: str) -> str:
         topic = self._topics.get(wanted)
         if topic is None:
-            if not _TOPIC.match(wanted) or wanted in (".", ".."):
+            if not _TOPIC.fullmatch(wanted) or wanted in (".", ".."):
                 raise RecordRejected("invalid_topic", "topic name is not a valid Kafka topic name")
+            if self._allowed is not None and not self._allowed.fullmatch(wanted):
+                raise RecordRejected("topic_not_allowed", "the topic is not in --allowed-topics")
             if len(self._topics) > 10_000:
                 self._topics.clear()
                 self._routed.clear()
@@ -141,6 +171,10 @@ class RecordMapper:
 
     def to_record(self, row: OutboxRow) -> KafkaRecord:
         """Map a row to its Kafka record or raise :class:`RecordRejected`."""
+        if row.size > MAX_FETCHED_ROW_BYTES:
+            raise RecordRejected(
+                "too_large", f"the row's text is {row.size} bytes; it was not fetched"
+            )
         # The hot path of every event: attributes read once, constant headers prebuilt,
         # tuples built positionally (docs/benchmarks.md, "The relay's own CPU is the drain's
         # bound").
@@ -170,7 +204,10 @@ class RecordMapper:
                 value = payload.encode()
             headers.append(_JSON_CONTENT)
         if traceparent is not None:
-            headers.append(("traceparent", traceparent.encode()))
+            if _void_traceparent(traceparent):
+                self._on_void_traceparent()  # forwarded, it would restart nothing but noise
+            else:
+                headers.append(("traceparent", traceparent.encode()))
         if tenant_ref is not None:
             headers.append(("tenant_ref", tenant_ref.encode()))
         if schema_version is not None:
@@ -187,17 +224,32 @@ class RecordMapper:
                     "invalid_headers", "headers must map strings to strings"
                 ) from exc
             for name, header_value in own.items():
-                if name in RESERVED_HEADERS or name in _OPTIONAL_COLUMN_HEADERS or not name:
+                if not name or name.lower() in _RESERVED_LOWER:
                     raise RecordRejected("invalid_headers", f"header {name!r} is reserved")
                 headers.append((name, header_value.encode()))
         record = _new_record(KafkaRecord, (topic, key, value, headers))
         # Cheap bound first; the exact sum only near the limit.
         rough = len(key) + (len(value) if value is not None else 0) + len(own_headers or "") + 1024
-        if rough > self._max_record_bytes and record_size(record) > self._max_record_bytes:
+        if (
+            rough > self._max_record_bytes
+            and (size := record_size(record)) > self._max_record_bytes
+        ):
             raise RecordRejected(
-                "record_too_large", "the record exceeds the producer's request size"
+                "too_large", f"the record is {size} bytes, over the producer's request size"
             )
         return record
+
+
+def _void_traceparent(traceparent: str) -> bool:
+    """True for a trace context the W3C spec says a receiver must ignore."""
+    version, _, rest = traceparent.partition("-")
+    trace_id, _, rest = rest.partition("-")
+    parent_id = rest.partition("-")[0]
+    return (
+        version == _TRACEPARENT_VOID_VERSION
+        or trace_id == _ZERO_TRACE_ID
+        or parent_id == _ZERO_PARENT_ID
+    )
 
 
 def record_size(record: KafkaRecord) -> int:

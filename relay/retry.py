@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+import asyncpg
 from aiokafka import errors as kafka_errors
 
 from relay.records import RecordRejected
@@ -37,9 +38,21 @@ class FailureClass:
 
     name: str
     retriable: bool
+    # No attempt can ever succeed with the relay's settings: quarantined at once.
+    final: bool = False
+
+    @property
+    def label(self) -> str:
+        """The name without its detail (an unexpected error's type): a metric label."""
+        return self.name.partition(":")[0]
 
 
 RECORD_TOO_LARGE = FailureClass("record_too_large", retriable=False)
+# Larger than the producer can ever send (its request size), found before sending; a row
+# far larger is not even fetched whole.
+TOO_LARGE = FailureClass("too_large", retriable=False, final=True)
+# Routed to a topic outside --allowed-topics.
+TOPIC_NOT_ALLOWED = FailureClass("topic_not_allowed", retriable=False, final=True)
 AUTHORIZATION = FailureClass("authorization", retriable=False)
 INVALID_TOPIC = FailureClass("invalid_topic", retriable=False)
 INVALID_HEADERS = FailureClass("invalid_headers", retriable=False)
@@ -90,10 +103,20 @@ _BY_TYPE: tuple[tuple[type[BaseException], FailureClass], ...] = (
 )
 
 
+_FINAL_CAUSES = {TOO_LARGE.name: TOO_LARGE, TOPIC_NOT_ALLOWED.name: TOPIC_NOT_ALLOWED}
+# Room for the type's name after "unexpected:" in last_error_class.
+_TYPE_NAME_LIMIT = 100
+
+
 def classify_failure(exc: BaseException) -> FailureClass:
-    """Retryability is data (the error's type and ``retriable`` flag), never message text."""
+    """Retryability is data (the error's type and ``retriable`` flag), never message text.
+
+    An error nothing here knows spends an attempt like a permanent one, so a row that
+    always fails that way ends quarantined as ``unexpected:<its type>``, instead of being
+    retried for ever.
+    """
     if isinstance(exc, RecordRejected):
-        return FailureClass(exc.cause, retriable=False)
+        return _FINAL_CAUSES.get(exc.cause) or FailureClass(exc.cause, retriable=False)
     for kind, failure in _BY_TYPE:
         if isinstance(exc, kind):
             return failure
@@ -101,7 +124,7 @@ def classify_failure(exc: BaseException) -> FailureClass:
         name = type(exc).__name__.removesuffix("Error")
         snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")
         return FailureClass(snake or "kafka", retriable=bool(exc.retriable))
-    return FailureClass("unexpected", retriable=True)
+    return FailureClass(f"unexpected:{type(exc).__name__[:_TYPE_NAME_LIMIT]}", retriable=False)
 
 
 def backoff_ms(attempt: int, *, base_ms: int, cap_ms: int, rng: random.Random | None = None) -> int:
@@ -133,3 +156,15 @@ def retry_delay_ms(
     else:
         step = attempts
     return backoff_ms(step, base_ms=base_ms, cap_ms=cap_ms, rng=rng)
+
+
+# SQLSTATE classes of a statement refused for the values it carries: data exceptions (22),
+# integrity constraints (23) and program limits (54), such as an index entry too large.
+_REFUSED_FOR_CONTENT = frozenset({"22", "23", "54"})
+
+
+def refused_for_content(exc: BaseException) -> bool:
+    """True when the database refused a statement for the values in it: retrying the same
+    statement cannot succeed, unlike a lost connection or a server going down."""
+    sqlstate = getattr(exc, "sqlstate", None) if isinstance(exc, asyncpg.PostgresError) else None
+    return isinstance(sqlstate, str) and sqlstate[:2] in _REFUSED_FOR_CONTENT

@@ -4,41 +4,127 @@ from __future__ import annotations
 
 LANE_COUNT = 64
 
-# Ready rows of the given lanes (NULL: every lane) after a cursor, in insert order,
-# minus every row whose key has an earlier row that failed and is not yet published:
-# a failing event holds back only its own key, until it is published or redriven.
+# The topic a row goes to under the relay's template ($4): its own, else the template with
+# its aggregatetype (relay/records.py, RecordMapper.topic_for, does the same). Order is kept
+# per key on its topic, so a held row holds back only the rows of its key on its topic. A
+# row whose topic is no valid Kafka topic name can go nowhere until an operator repairs it,
+# so it holds its key on every topic.
+_TOPIC_OF = "coalesce({row}.topic, replace($4::text, '{{aggregatetype}}', {row}.aggregatetype))"
+_SAME_TOPIC = (
+    "({earlier} = {later} OR {earlier} !~ '^[A-Za-z0-9._-]{{1,249}}$' OR {earlier} IN ('.', '..'))"
+)
+
+
+def _holds_topic(earlier: str, later: str) -> str:
+    """The condition that ``earlier``'s row holds ``later``'s row of the same key."""
+    return _SAME_TOPIC.format(
+        earlier=_TOPIC_OF.format(row=earlier), later=_TOPIC_OF.format(row=later)
+    )
+
+
+# Ready rows of the given lanes (NULL: every lane) after a cursor, in insert order, minus
+# every row whose key has an earlier row on its topic that failed and is not yet published:
+# a failing event holds back only its own key on its topic, until it is published or
+# redriven.
 #
 # The cursor only moves forward within one pass; a pass starts again from the beginning
 # once nothing is in flight. Rows a pass stepped over (a transaction that committed
 # late, a row backing off) are found by the next pass. Writers of one aggregate
 # serialise on it, so within a key seq order is commit order, and a key's later row
 # can never be visible while an earlier one is not.
-FETCH_READY = """
-SELECT o.seq, o.id::text, o.aggregatetype, o.aggregateid, o.type, o.payload::text, o.tenant_ref,
-       o.schema_version, o.correlation_ref, o.causation_ref, o.traceparent, o.headers::text,
-       o.topic,
-       -- in binary, formatted by the relay (relay/records.py, "ce_time"); NULL outside
-       -- the years RFC 3339 (and Python) can carry, which the relay rejects
-       CASE WHEN o.created_at >= '0001-01-01 00:00:00+00'
-             AND o.created_at < '10000-01-01 00:00:00+00' THEN o.created_at END,
-       o.lane, o.attempts,
-       -- a row waiting to be (re)tried holds its key's later rows back (the NOT EXISTS
-       -- below); when it is published that hold lifts in the middle of a pass
-       o.next_attempt_at IS NOT NULL
-FROM outbox o
-WHERE o.quarantined_at IS NULL
-  AND o.seq > $2
-  AND ($1::smallint[] IS NULL OR o.lane = ANY($1::smallint[]))
-  AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= clock_timestamp())
-  AND NOT EXISTS (
-      SELECT 1 FROM outbox h
-      WHERE h.aggregateid = o.aggregateid
-        AND h.seq < o.seq
-        -- exactly outbox_held_idx's predicate; that index is empty while all is well
-        AND (h.quarantined_at IS NOT NULL OR h.next_attempt_at IS NOT NULL)
-  )
-ORDER BY o.seq
-LIMIT $3
+#
+# Parameters: $1 lanes, $2 the seq to read after, $3 at most this many rows, $4 the topic
+# template, $5 for a cursor fetch its start (0 otherwise: see "earlier"), $6 the largest
+# row the relay takes whole (bytes), $7 the fetch's byte budget.
+#
+# Bounded in bytes, not only rows: a row's size is that of its text columns as sent
+# (payload and headers as jsonb prints them). A row over $6 comes without them (and with a
+# short stand-in for a key over $6): the relay quarantines it as too large without it ever
+# being transferred. Rows are returned while the bytes before them stay under $7, so one
+# fetch transfers at most $7 plus one row. (A row the budget leaves out was still printed
+# here; the relay lowers its row limit after such a fetch.)
+FETCH_READY = f"""
+SELECT r.seq, r.id,
+       CASE WHEN r.fits THEN r.aggregatetype ELSE left(r.aggregatetype, 200) END,
+       CASE WHEN octet_length(r.aggregateid) <= $6 THEN r.aggregateid
+            ELSE 'oversized key ' || md5(r.aggregateid) END,
+       CASE WHEN r.fits THEN r.type ELSE left(r.type, 200) END,
+       CASE WHEN r.fits THEN r.payload END,
+       CASE WHEN r.fits THEN r.tenant_ref END,
+       CASE WHEN r.fits THEN r.schema_version END,
+       CASE WHEN r.fits THEN r.correlation_ref END,
+       CASE WHEN r.fits THEN r.causation_ref END,
+       CASE WHEN r.fits THEN r.traceparent END,
+       CASE WHEN r.fits THEN r.headers END,
+       CASE WHEN r.fits THEN r.topic END,
+       r.created_at, r.lane, r.attempts, r.holds_key, r.size, r.earlier
+FROM (
+    SELECT s.*, s.size <= $6 AS fits,
+           sum(CASE WHEN s.size <= $6 THEN s.size ELSE 0 END) OVER (ORDER BY s.seq)
+               AS fetched_bytes
+    FROM (
+        SELECT c.*,
+               octet_length(c.aggregatetype) + octet_length(c.aggregateid)
+               + octet_length(c.type) + coalesce(octet_length(c.payload), 0)
+               + coalesce(octet_length(c.tenant_ref), 0)
+               + coalesce(octet_length(c.schema_version), 0)
+               + coalesce(octet_length(c.correlation_ref), 0)
+               + coalesce(octet_length(c.causation_ref), 0)
+               + coalesce(octet_length(c.traceparent), 0)
+               + coalesce(octet_length(c.headers), 0) + coalesce(octet_length(c.topic), 0)
+                   AS size
+        FROM (
+            SELECT o.seq, o.id::text AS id, o.aggregatetype, o.aggregateid, o.type,
+                   o.payload::text AS payload, o.tenant_ref, o.schema_version,
+                   o.correlation_ref, o.causation_ref, o.traceparent,
+                   o.headers::text AS headers, o.topic,
+                   -- in binary, formatted by the relay (relay/records.py, "ce_time");
+                   -- NULL outside the years RFC 3339 (and Python) can carry, which the
+                   -- relay rejects
+                   CASE WHEN o.created_at >= '0001-01-01 00:00:00+00'
+                         AND o.created_at < '10000-01-01 00:00:00+00'
+                        THEN o.created_at END AS created_at,
+                   o.lane, o.attempts,
+                   -- a row waiting to be (re)tried holds its key's later rows back (the
+                   -- NOT EXISTS below); when it is published that hold lifts in the
+                   -- middle of a pass
+                   o.next_attempt_at IS NOT NULL AS holds_key,
+                   -- For a cursor fetch: the last earlier row of the key on its topic at
+                   -- or below the fetch's start that is still pending. The fetch did not
+                   -- read it; unless the relay has it in flight (and then every earlier
+                   -- one too), it committed after the cursor passed its seq, and this row
+                   -- must not overtake it.
+                   CASE WHEN $5 > 0 THEN (
+                       SELECT e.seq FROM outbox e
+                       WHERE hashtextextended(e.aggregateid, 0)
+                                 = hashtextextended(o.aggregateid, 0)
+                         AND e.seq <= $5
+                         AND e.quarantined_at IS NULL
+                         AND e.aggregateid = o.aggregateid
+                         AND {_holds_topic("e", "o")}
+                       ORDER BY e.seq DESC
+                       LIMIT 1
+                   ) END AS earlier
+            FROM outbox o
+            WHERE o.quarantined_at IS NULL
+              AND o.seq > $2
+              AND ($1::smallint[] IS NULL OR o.lane = ANY($1::smallint[]))
+              AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= clock_timestamp())
+              AND NOT EXISTS (
+                  SELECT 1 FROM outbox h
+                  WHERE h.aggregateid = o.aggregateid
+                    AND h.seq < o.seq
+                    -- outbox_held_key_idx's predicate; that index is empty while all is well
+                    AND (h.quarantined_at IS NOT NULL OR h.next_attempt_at IS NOT NULL)
+                    AND {_holds_topic("h", "o")}
+              )
+            ORDER BY o.seq
+            LIMIT $3
+        ) c
+    ) s
+) r
+WHERE r.fetched_bytes - CASE WHEN r.fits THEN r.size ELSE 0 END < $7
+ORDER BY r.seq
 """
 
 # The fenced lanes: those of $2 that this instance ($1) still holds under the fence it
@@ -126,18 +212,19 @@ RECORD_PUBLISHED = _record_published("")
 RECORD_REPUBLISHED = _record_published(_RECEIPT_CONFLICT)
 
 # Failed rows: a retriable failure only schedules the next try; a permanent one also
-# spends an attempt and quarantines the row when the budget is used up.
+# spends an attempt and quarantines the row when the budget is used up, or at once when
+# no attempt can succeed ($9, final: too large, a topic not allowed).
 RECORD_FAILED = f"""
 WITH {_HELD_LANES}, failed AS (
-    SELECT * FROM unnest($4::bigint[], $5::text[], $6::bool[], $7::int[])
-        AS f(seq, error_class, retriable, delay_ms)
+    SELECT * FROM unnest($4::bigint[], $5::text[], $6::bool[], $7::int[], $9::bool[])
+        AS f(seq, error_class, retriable, delay_ms, final)
 )
 UPDATE outbox o
 SET attempts = o.attempts + CASE WHEN f.retriable THEN 0 ELSE 1 END,
     last_error_class = f.error_class,
     next_attempt_at = clock_timestamp() + make_interval(secs => f.delay_ms / 1000.0),
     quarantined_at = CASE
-        WHEN NOT f.retriable AND o.attempts + 1 >= $8 THEN clock_timestamp()
+        WHEN f.final OR (NOT f.retriable AND o.attempts + 1 >= $8) THEN clock_timestamp()
     END
 FROM failed f
 WHERE o.seq = f.seq AND o.lane IN (SELECT lane FROM held)
@@ -159,9 +246,11 @@ WHERE current_setting(w.name) <> w.wanted
 ORDER BY w.name
 """
 
+# The topic template ($2) lets the health sidecar find a row's topic as this instance does.
 HEARTBEAT = """
-INSERT INTO relay_instance (instance_id) VALUES ($1)
-ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = clock_timestamp()
+INSERT INTO relay_instance (instance_id, topic_template) VALUES ($1, $2)
+ON CONFLICT (instance_id) DO UPDATE
+SET heartbeat_at = clock_timestamp(), topic_template = EXCLUDED.topic_template
 """
 
 LIVE_INSTANCES = """

@@ -15,7 +15,7 @@ import asyncpg
 from pgconnect import POOLER_STARTUP_PARAMETERS, create_pool, pool_options, pooled
 from relay import sql
 from relay.outcome import FailedRow, PublishedGroup
-from relay.records import OutboxRow
+from relay.records import MAX_FETCHED_ROW_BYTES, OutboxRow
 
 # The outbox swings from empty to a large burst faster than autovacuum re-analyzes it;
 # with stale statistics the planner chose a full scan plus sort for the fetch (seconds
@@ -149,6 +149,7 @@ async def record_failed(
         [failure.retriable for _, failure in failed],
         list(delays_ms),
         max_attempts,
+        [failure.final for _, failure in failed],
     )
     return sum(1 for r in rows if r[1])
 
@@ -183,7 +184,7 @@ class OutboxStore(Protocol):
     """
 
     async def fetch_ready(
-        self, lanes: Collection[int], cursor: int, limit: int
+        self, lanes: Collection[int], cursor: int, limit: int, *, check_below: int = 0
     ) -> list[OutboxRow]: ...
 
     async def seq_allocated(self) -> int | None: ...
@@ -208,22 +209,46 @@ class OutboxStore(Protocol):
 class StoreFactory(Protocol):
     """Makes the relay's store over its pool (the engine calls it once per run)."""
 
-    def __call__(self, pool: asyncpg.Pool, *, instance_id: str) -> OutboxStore: ...
+    def __call__(
+        self, pool: asyncpg.Pool, *, instance_id: str, topic_template: str, fetch_max_bytes: int
+    ) -> OutboxStore: ...
 
 
 class RelayStore:
     """The relay's reads and writes over its pool, each in the transaction it needs."""
 
-    def __init__(self, pool: asyncpg.Pool, *, instance_id: str) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        instance_id: str,
+        topic_template: str,
+        fetch_max_bytes: int,
+    ) -> None:
         self._pool = pool
         self._instance_id = instance_id
+        self._topic_template = topic_template
+        self._fetch_max_bytes = fetch_max_bytes
 
-    async def fetch_ready(self, lanes: Collection[int], cursor: int, limit: int) -> list[OutboxRow]:
-        """Ready rows of ``lanes`` after ``cursor`` in seq order, at most ``limit``."""
+    async def fetch_ready(
+        self, lanes: Collection[int], cursor: int, limit: int, *, check_below: int = 0
+    ) -> list[OutboxRow]:
+        """Ready rows of ``lanes`` after ``cursor`` in seq order: at most ``limit`` rows, and
+        no more bytes than the fetch budget plus one row. ``check_below`` (a cursor fetch's
+        start, else 0) asks for each row's earliest pending row of its key at or below it."""
         # NULL asks for every lane, so the statement need not match each row against 64.
         lane_filter = None if len(lanes) == sql.LANE_COUNT else sorted(lanes)
         async with pooled(self._pool) as conn:
-            records = await conn.fetch(sql.FETCH_READY, lane_filter, cursor, limit)
+            records = await conn.fetch(
+                sql.FETCH_READY,
+                lane_filter,
+                cursor,
+                limit,
+                self._topic_template,
+                check_below,
+                MAX_FETCHED_ROW_BYTES,
+                self._fetch_max_bytes,
+            )
         # The statement's columns are OutboxRow's fields, in order.
         return list(map(OutboxRow._make, records))
 

@@ -13,6 +13,10 @@ are quarantined after ``--max-attempts`` like any permanent failure. While the e
 a single metadata round re-checks it every :data:`MISSING_RECHECK_S` in the background, so
 a topic created later is found again.
 
+The topics tracked are bounded (:data:`MAX_TRACKED_TOPICS`): writers choose topics, and a
+topic the relay has not published to for longest is forgotten (its partitions, limit and
+negative entry, and the producer's metadata for it) when a new one would pass the bound.
+
 The batch limit: a partition batch larger than the topic's ``max.message.bytes`` is refused
 whole. Each topic's limit is read with describe-configs (the relay needs DescribeConfigs on
 its topics), cached, refreshed every :data:`LIMIT_REFRESH_S` and at once when the broker
@@ -26,6 +30,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Collection
 from typing import Any
 
@@ -48,6 +53,8 @@ FIRST_LOOKUP_WAIT_S = 1.0
 MISSING_RECHECK_S = 2.0
 LIMIT_REFRESH_S = 60.0
 _METADATA_ROUND_S = 0.2
+# Topics the catalog (and the producer's metadata requests) keep at once.
+MAX_TRACKED_TOPICS = 1_000
 _MAX_MESSAGE_BYTES = "max.message.bytes"
 
 TopicAnswer = list[int] | BaseException
@@ -78,6 +85,7 @@ class TopicCatalog:
         self._describing: dict[str, asyncio.Task[None]] = {}
         self._limits: dict[str, _Limit] = {}
         self._sorted: dict[tuple[str, frozenset[int]], list[int]] = {}
+        self._used: OrderedDict[str, None] = OrderedDict()  # least recently resolved first
 
     def attach(self, producer: AIOKafkaProducer) -> None:
         """Look topics up through this producer's metadata from now on (a new producer)."""
@@ -91,6 +99,7 @@ class TopicCatalog:
         answers: dict[str, TopicAnswer] = {}
         started: list[str] = []
         now = time.monotonic()
+        self._track(topics)
         for topic in topics:
             partitions = self._known(topic)
             if partitions is not None:
@@ -114,6 +123,33 @@ class TopicCatalog:
             if topic not in answers:
                 answers[topic] = self._answer(topic)
         return answers
+
+    @property
+    def tracked(self) -> int:
+        """How many topics the catalog keeps."""
+        return len(self._used)
+
+    def _track(self, topics: Collection[str]) -> None:
+        """Mark these topics used now; forget the least recently used beyond the bound."""
+        for topic in topics:
+            self._used[topic] = None
+            self._used.move_to_end(topic)
+        forgotten = []
+        while len(self._used) > max(MAX_TRACKED_TOPICS, len(topics)):
+            topic, _ = self._used.popitem(last=False)
+            forgotten.append(topic)
+            self._missing.pop(topic, None)
+            self._limits.pop(topic, None)
+            for tasks in (self._lookups, self._describing):
+                task = tasks.pop(topic, None)
+                if task is not None:
+                    task.cancel()
+        if forgotten:
+            gone = set(forgotten)
+            self._sorted = {key: value for key, value in self._sorted.items() if key[0] not in gone}
+            if self._client is not None:
+                # The producer asks the broker for metadata of every topic it knows.
+                self._client.set_topics(list(self._used))
 
     def _known(self, topic: str) -> list[int] | None:
         partitions = self._client.cluster.partitions_for_topic(topic)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 from dataclasses import dataclass, field
 
 import anyio
@@ -55,42 +56,41 @@ def listen_plan(
     return ListenPlan(True, database_url)
 
 
+# bigint seqs: at most 19 ASCII digits each (str.isdigit alone takes other scripts' digits).
+_PAYLOAD = re.compile(r"([0-9]{1,19}),([0-9]{1,19})")
+
+
 def notified_seqs(payload: str) -> tuple[int, int] | None:
     """The lowest and highest seq an inserting statement wrote, from its notification's
     payload ('<lowest>,<highest>', migration 0004); None when it says nothing usable (an
-    older trigger, a redrive's wake-up): then only a full pass is sure to find its rows."""
-    lowest, comma, highest = payload.partition(",")
-    if not comma or not (lowest.isdigit() and highest.isdigit()):
+    older trigger, a redrive's wake-up, anything else): a hint of a full pass.
+
+    Anyone who can connect may send a notification: its payload only ever tells the
+    relay when to fetch and where to start looking (relay/passes.py), never what to send.
+    """
+    match = _PAYLOAD.fullmatch(payload)
+    if match is None:
         return None
-    seqs = int(lowest), int(highest)
+    seqs = int(match[1]), int(match[2])
     return seqs if 0 < seqs[0] <= seqs[1] else None
-
-
-def fetch_start(cursor: int, lowest_notified: int | None) -> int:
-    """Where a fetch after ``cursor`` starts: before the lowest seq notified since the last
-    fetch began, so a transaction that committed after the cursor moved past its rows (seq
-    is taken at INSERT, not at COMMIT) is read at once, before any later row of its key."""
-    if lowest_notified is None:
-        return cursor
-    return max(0, min(cursor, lowest_notified - 1))
 
 
 class WakeUp:
     """A flag the fetch loop waits on: set by notifications and news, cleared by the loop.
 
-    It also keeps what notifications said since the fetch loop last looked: the lowest seq
-    notified (where the next fetch must start at the latest), the highest seq heard of so
-    far, and whether something asked for a full pass (from the beginning of the outbox),
-    or for full passes until some time (a failure recorded by the acknowledging loop).
+    It also keeps what was asked of the fetch loop since it last looked: the lowest seq
+    notified (a hint of where to start), whether a notification without seqs hinted at a
+    full pass, whether the relay itself asked for a full pass (from the beginning of the
+    outbox), and for full passes until some time (a failure recorded by the acknowledging
+    loop). relay/passes.py decides what to do with each.
     """
 
     def __init__(self) -> None:
         self._event = anyio.Event()
         self._lowest: int | None = None
         self._full_pass = False
+        self._full_pass_hinted = False
         self._full_passes_until = 0.0
-        # The highest seq of every notification received on the listening connection.
-        self.heard_up_to = 0
 
     def set(self) -> None:
         """Wake the fetch loop (now, or as soon as it next waits)."""
@@ -113,32 +113,33 @@ class WakeUp:
         return deadline
 
     def notified(self, payload: str) -> None:
-        """An inserting statement committed; its payload says which seqs it wrote."""
+        """A notification came; a trigger's payload says which seqs its statement wrote."""
         seqs = notified_seqs(payload)
         if seqs is None:
-            self.request_full_pass()
-            return
-        lowest, highest = seqs
-        self._lowest = lowest if self._lowest is None else min(self._lowest, lowest)
-        self.heard_up_to = max(self.heard_up_to, highest)
+            self._full_pass_hinted = True
+        else:
+            lowest = seqs[0]
+            self._lowest = lowest if self._lowest is None else min(self._lowest, lowest)
         self.set()
 
     def full_pass_requested(self) -> bool:
-        """True when a full pass was asked for since the last :meth:`take_start`."""
+        """True when the relay asked for a full pass since the last one started."""
         return self._full_pass
 
-    def lowest_notified(self) -> int | None:
-        """The lowest seq notified since the last :meth:`take_start`, if any."""
-        return self._lowest
+    def full_pass_hinted(self) -> bool:
+        """True when a notification without seqs came since the last full pass started."""
+        return self._full_pass_hinted
 
-    def take_start(self, cursor: int) -> int:
-        """Where a fetch starting now after ``cursor`` begins; what was notified so far is
-        covered by it (a committed row is visible to a statement that starts later)."""
-        start = fetch_start(cursor, self._lowest)
-        self._lowest = None
-        if start == 0:
-            self._full_pass = False
-        return start
+    def take_lowest_notified(self) -> int | None:
+        """The lowest seq notified since the last call, if any: a fetch starting now sees
+        every row committed so far."""
+        lowest, self._lowest = self._lowest, None
+        return lowest
+
+    def pass_started(self) -> None:
+        """A fetch from the beginning starts now: it covers every full pass asked for."""
+        self._full_pass = False
+        self._full_pass_hinted = False
 
     def clear(self) -> None:
         """Forget earlier wake-ups: the loop is about to look for work anyway."""

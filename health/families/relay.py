@@ -62,17 +62,37 @@ CROSS JOIN LATERAL (
            {unix_ms("max(event.created_at)")}
                AS newest_ready_created_at_unix_ms
     FROM outbox AS event
+    -- The topic template of the instance that holds the event's lane (relay_instance,
+    -- written by each relay's heartbeat); none for a lane nobody holds, or an instance
+    -- of a version that did not write it.
+    LEFT JOIN relay_lane AS lane ON lane.lane = event.lane
+    LEFT JOIN relay_instance AS owner ON owner.instance_id = lane.owner_id
     WHERE event.quarantined_at IS NULL
       AND (event.next_attempt_at IS NULL OR event.next_attempt_at <= clock.now)
       -- The relay's own rule (relay/sql.py FETCH_READY): a row behind an earlier row of
-      -- its key that is quarantined or backing off is held, not ready. A quarantine is
-      -- the outbox family's signal; counting the rows it holds here would call the
-      -- relay stalled for doing exactly what it should. Reads outbox_held_idx.
+      -- its key on its topic that is quarantined or backing off is held, not ready. A
+      -- quarantine is the outbox family's signal; counting the rows it holds here would
+      -- call the relay stalled for doing exactly what it should. Reads
+      -- outbox_held_key_idx. A held row whose topic is no valid topic name holds its key
+      -- on every topic; so does every held row without a template, which is what such a
+      -- relay does.
       AND NOT EXISTS (
           SELECT 1 FROM outbox AS held
+          CROSS JOIN LATERAL (
+              SELECT coalesce(held.topic, replace(owner.topic_template, '{{aggregatetype}}',
+                                                  held.aggregatetype)) AS held_topic,
+                     coalesce(event.topic, replace(owner.topic_template, '{{aggregatetype}}',
+                                                   event.aggregatetype)) AS event_topic
+          ) AS topics
           WHERE held.aggregateid = event.aggregateid
             AND held.seq < event.seq
             AND (held.quarantined_at IS NOT NULL OR held.next_attempt_at IS NOT NULL)
+            AND (
+                owner.topic_template IS NULL
+                OR topics.held_topic = topics.event_topic
+                OR topics.held_topic !~ '^[A-Za-z0-9._-]{{1,249}}$'
+                OR topics.held_topic IN ('.', '..')
+            )
       )
 ) AS ready
 CROSS JOIN LATERAL (

@@ -333,8 +333,8 @@ async def test_plans_use_partial_indexes_and_cost_ignores_terminal_history(
         assert ("Seq Scan", "outbox_receipt") not in scanned, name
         # Planners differ (15 reads leased expiries from their own index, 18 may filter the
         # active one); either way every index read is partial and excludes terminal rows.
-        # The relay's ready rows skip those held behind their key (outbox_held_idx, partial).
-        allowed = {"relay_lane_pkey", "relay_instance_pkey", "outbox_held_idx"}
+        # The relay's ready rows skip those held behind their key (outbox_held_key_idx, partial).
+        allowed = {"relay_lane_pkey", "relay_instance_pkey", "outbox_held_key_idx"}
         assert indexes <= HEALTH_INDEXES | allowed, name
         if name == "scoring_jobs":
             assert "scoring_job_state_active_created_idx" in indexes

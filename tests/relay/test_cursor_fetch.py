@@ -96,9 +96,11 @@ async def test_a_light_load_fetch_starts_from_the_cursor_not_the_beginning(
     starts: list[int] = []
 
     class RecordingStarts(RelayStore):
-        async def fetch_ready(self, lanes: Any, cursor: int, limit: int) -> list[OutboxRow]:
+        async def fetch_ready(
+            self, lanes: Any, cursor: int, limit: int, **kwargs: Any
+        ) -> list[OutboxRow]:
             starts.append(cursor)
-            return await super().fetch_ready(lanes, cursor, limit)
+            return await super().fetch_ready(lanes, cursor, limit, **kwargs)
 
     config = fast_config(
         database_url, kafka_bootstrap, topic_namespace, poll_interval_ms=_LONG_POLL_MS
@@ -136,12 +138,14 @@ async def test_a_fetch_that_starts_above_a_commit_it_has_not_heard_of_keeps_key_
     late_tx = late.transaction()
 
     class CommitBehindTheStart(RelayStore):
-        async def fetch_ready(self, lanes: Any, cursor: int, limit: int) -> list[OutboxRow]:
+        async def fetch_ready(
+            self, lanes: Any, cursor: int, limit: int, **kwargs: Any
+        ) -> list[OutboxRow]:
             if armed_above and cursor >= armed_above and not staged.is_set():
                 staged.set()
                 await late_tx.commit()
                 ids.append((await _insert(successor, "k-race", 2))["id"])
-            return await super().fetch_ready(lanes, cursor, limit)
+            return await super().fetch_ready(lanes, cursor, limit, **kwargs)
 
     config = fast_config(
         database_url, kafka_bootstrap, topic_namespace, poll_interval_ms=_LONG_POLL_MS

@@ -24,8 +24,8 @@ from tests.relay.harness import fast_config, running_relay, wait_until
 
 KEY = "k-race"
 INSERT_ROW = """
-INSERT INTO outbox (aggregatetype, aggregateid, type, payload, topic)
-VALUES ('order', $1, 'created', $2::jsonb, $3) RETURNING seq
+INSERT INTO outbox (aggregatetype, aggregateid, type, payload, headers)
+VALUES ('order', $1, 'created', $2::jsonb, $3::jsonb) RETURNING seq
 """
 
 
@@ -35,9 +35,10 @@ async def test_a_fetch_that_overlaps_a_failure_record_does_not_send_a_later_row_
     kafka_bootstrap: str,
     topic_namespace: str,
 ) -> None:
-    # The first row of the key is refused before sending (a topic name Kafka cannot have):
-    # a permanent failure, retried only in a minute.
-    failed_seq = await db.fetchval(INSERT_ROW, KEY, json.dumps(1), "not a topic!")
+    # The first row of the key is refused before sending (a header that would replace the
+    # relay's own): a permanent failure, retried only in a minute. Both rows go to the same
+    # topic: a held row holds its key on its topic.
+    failed_seq = await db.fetchval(INSERT_ROW, KEY, json.dumps(1), json.dumps({"id": "forged"}))
     config = fast_config(
         database_url,
         kafka_bootstrap,
@@ -52,8 +53,8 @@ async def test_a_fetch_that_overlaps_a_failure_record_does_not_send_a_later_row_
     window: Any = None
 
     class SlowFetchAfterTheSnapshot(RelayStore):
-        async def fetch_ready(self, *args: Any) -> list[OutboxRow]:
-            rows = await super().fetch_ready(*args)
+        async def fetch_ready(self, *args: Any, **kwargs: Any) -> list[OutboxRow]:
+            rows = await super().fetch_ready(*args, **kwargs)
             if snapshot_taken.is_set():
                 fetches_after.append(len(rows))
             elif any(r.aggregateid == KEY and r.seq != failed_seq for r in rows):

@@ -1,10 +1,11 @@
-"""What a notification's payload tells the fetch loop, and where its next fetch starts."""
+"""What a notification's payload hints to the fetch loop, and where its next fetch starts."""
 
 from __future__ import annotations
 
 import pytest
 
-from relay.wakeups import WakeUp, fetch_start, notified_seqs
+from relay.passes import fetch_start
+from relay.wakeups import WakeUp, notified_seqs
 
 
 @pytest.mark.parametrize(
@@ -21,6 +22,12 @@ from relay.wakeups import WakeUp, fetch_start, notified_seqs
         ("a,b", None),
         ("1,2,3", None),
         (" 1,2", None),
+        ("1,2\n", None),
+        ("٣,٤", None),  # digits of another script
+        ("²,³", None),  # that int() would refuse
+        ("1," + "9" * 20, None),  # past bigint
+        ("1," + "9" * 5000, None),  # past what int() converts
+        ("1,9223372036854775807", (1, 9223372036854775807)),
     ],
 )
 def test_notified_seqs(payload: str, seqs: tuple[int, int] | None) -> None:
@@ -43,16 +50,23 @@ def test_fetch_start(cursor: int, lowest: int | None, start: int) -> None:
     assert fetch_start(cursor, lowest) == start
 
 
-def test_a_payload_without_seqs_asks_for_a_full_pass_and_a_fetch_from_zero_answers_it() -> None:
+def test_a_payload_without_seqs_hints_at_a_full_pass_and_a_pass_from_zero_answers_it() -> None:
     wake = WakeUp()
     wake.notified("5,9")
     wake.notified("3,4")
-    assert (wake.lowest_notified(), wake.heard_up_to, wake.full_pass_requested()) == (3, 9, False)
-    assert wake.take_start(100) == 2
-    assert wake.lowest_notified() is None  # covered by the fetch that starts now
+    assert not wake.full_pass_hinted() and not wake.full_pass_requested()
+    assert wake.take_lowest_notified() == 3
+    assert wake.take_lowest_notified() is None  # covered by the fetch that starts now
     wake.notified("")
-    assert wake.full_pass_requested() and wake.is_set()
-    assert wake.take_start(50) == 50  # the fetch loop decides; a cursor fetch leaves it
-    assert wake.full_pass_requested()
-    assert wake.take_start(0) == 0
+    assert wake.full_pass_hinted() and wake.is_set()
+    assert not wake.full_pass_requested()  # a hint, not the relay's own request
+    wake.pass_started()
+    assert not wake.full_pass_hinted()
+
+
+def test_the_relay_s_own_full_pass_request_is_told_apart_from_a_hint() -> None:
+    wake = WakeUp()
+    wake.request_full_pass()
+    assert wake.full_pass_requested() and not wake.full_pass_hinted()
+    wake.pass_started()
     assert not wake.full_pass_requested()

@@ -65,7 +65,9 @@ async def test_a_pass_does_not_publish_a_keys_later_row_before_one_it_stepped_ov
     delayed = asyncio.Event()
 
     class FetchAfterFirstIsRecorded(RelayStore):
-        async def fetch_ready(self, lanes: Any, cursor: int, limit: int) -> list[OutboxRow]:
+        async def fetch_ready(
+            self, lanes: Any, cursor: int, limit: int, **kwargs: Any
+        ) -> list[OutboxRow]:
             if cursor == other["seq"] and not delayed.is_set():
                 delayed.set()
                 watcher = await asyncpg.connect(database_url)
@@ -80,7 +82,7 @@ async def test_a_pass_does_not_publish_a_keys_later_row_before_one_it_stepped_ov
                     await watcher.close()
                 # ...and its rows have left the window: the hold is gone in memory too.
                 await wait_until(lambda: first["seq"] not in window.seqs(), timeout=30)
-            return await super().fetch_ready(lanes, cursor, limit)
+            return await super().fetch_ready(lanes, cursor, limit, **kwargs)
 
     async with running_relay(config, store_factory=FetchAfterFirstIsRecorded) as running:
         window = running.relay._window
@@ -125,15 +127,18 @@ async def test_a_pass_does_not_publish_a_late_commits_next_row_before_it(
         staged = asyncio.Event()
 
         class CommitThenFetch(RelayStore):
-            async def fetch_ready(self, lanes: Any, cursor: int, limit: int) -> list[OutboxRow]:
+            async def fetch_ready(
+                self, lanes: Any, cursor: int, limit: int, **kwargs: Any
+            ) -> list[OutboxRow]:
                 if cursor == fillers[-1]["seq"] and not staged.is_set():
                     staged.set()
                     # The stepped-over row commits, then its key's next row, before this
                     # fetch.
                     await late_tx.commit()
-                    later = await db.fetchrow(INSERT_ROW, KEY, json.dumps(2))
+                    # On the late row's own connection, now free: the test's polling uses db.
+                    later = await late.fetchrow(INSERT_ROW, KEY, json.dumps(2))
                     ids.append(later["id"])
-                return await super().fetch_ready(lanes, cursor, limit)
+                return await super().fetch_ready(lanes, cursor, limit, **kwargs)
 
         async with running_relay(config, store_factory=CommitThenFetch):
             await wait_until(

@@ -23,6 +23,7 @@ import asyncpg
 import pytest
 
 from relay import sql
+from relay.config import DEFAULT_TOPIC_TEMPLATE
 from relay.outcome import PublishedGroup
 from relay.store import RelayStore, create_relay_pool
 
@@ -55,7 +56,7 @@ def counted_statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
 
 async def _held_lanes(db: asyncpg.Connection) -> dict[int, int]:
-    await db.execute(sql.HEARTBEAT, INSTANCE)
+    await db.execute(sql.HEARTBEAT, INSTANCE, DEFAULT_TOPIC_TEMPLATE)
     rows = await db.fetch(sql.CLAIM_LANES, INSTANCE, 60_000, sql.LANE_COUNT)
     return {row["lane"]: row["fence"] for row in rows}
 
@@ -68,7 +69,12 @@ async def test_a_fetch_and_the_record_of_a_published_batch_are_one_statement_eac
     fences = await _held_lanes(db)
     pool = await create_relay_pool(database_url)
     try:
-        store = RelayStore(pool, instance_id=INSTANCE)
+        store = RelayStore(
+            pool,
+            instance_id=INSTANCE,
+            topic_template=DEFAULT_TOPIC_TEMPLATE,
+            fetch_max_bytes=1 << 20,
+        )
         await store.fetch_ready(list(range(sql.LANE_COUNT)), 0, 10)  # statements prepared
         with counted_statements(monkeypatch) as sent:
             rows = await store.fetch_ready(list(range(sql.LANE_COUNT)), 0, 10)
@@ -110,7 +116,12 @@ async def test_an_event_published_before_gets_its_receipt_moved_to_the_new_offse
     fences = await _held_lanes(db)
     pool = await create_relay_pool(database_url)
     try:
-        store = RelayStore(pool, instance_id=INSTANCE)
+        store = RelayStore(
+            pool,
+            instance_id=INSTANCE,
+            topic_template=DEFAULT_TOPIC_TEMPLATE,
+            fetch_max_bytes=1 << 20,
+        )
         rows = await store.fetch_ready(list(range(sql.LANE_COUNT)), 0, 10)
         with counted_statements(monkeypatch) as sent:
             recorded = await store.record_outcome(
@@ -141,7 +152,12 @@ async def test_the_bookkeeping_commit_setting_does_not_stay_on_the_pooled_connec
     fences = await _held_lanes(db)
     pool = await create_relay_pool(database_url)
     try:
-        store = RelayStore(pool, instance_id=INSTANCE)
+        store = RelayStore(
+            pool,
+            instance_id=INSTANCE,
+            topic_template=DEFAULT_TOPIC_TEMPLATE,
+            fetch_max_bytes=1 << 20,
+        )
         rows = await store.fetch_ready(list(range(sql.LANE_COUNT)), 0, 10)
         group = PublishedGroup("t", 0, 0, rows)
         await store.record_outcome(fences, [group], [], [], max_attempts=5)

@@ -9,6 +9,7 @@ import statistics
 import time
 
 import asyncpg
+import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
@@ -210,3 +211,36 @@ async def test_batches_fit_the_topic_and_only_a_record_too_large_alone_is_quaran
     records = await consume(kafka_bootstrap, [topic], count=300)
     assert len(records) >= 300 and b"huge" not in {r.key for r in records}
     assert refused > 0  # the lowered limit was met by a refusal, not by luck
+
+
+async def test_the_topics_the_relay_tracks_are_bounded(
+    kafka_bootstrap: str, topic_namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writers choose topics: the catalog, and the producer's metadata requests, keep the
+    most recently used ones and forget the rest past the bound."""
+    from aiokafka import AIOKafkaProducer
+
+    import relay.topics
+    from relay.config import RelayConfig
+    from relay.topics import TopicCatalog
+
+    monkeypatch.setattr(relay.topics, "MAX_TRACKED_TOPICS", 3)
+    await _create_topics(
+        kafka_bootstrap,
+        [NewTopic(f"{topic_namespace}.t{n}", 1, 1) for n in range(5)],
+    )
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    catalog = TopicCatalog(RelayConfig(database_url=None, kafka_bootstrap=kafka_bootstrap))
+    catalog.attach(producer)
+    try:
+        for n in range(5):
+            answers = await catalog.resolve([f"{topic_namespace}.t{n}"])
+            assert answers[f"{topic_namespace}.t{n}"] == [0]
+        tracked = set(producer.client._topics)  # what its metadata requests ask for
+    finally:
+        await catalog.close()
+        await producer.stop()
+    assert catalog.tracked == 3
+    assert {f"{topic_namespace}.t{n}" for n in range(2)}.isdisjoint(tracked)
+    assert {f"{topic_namespace}.t{n}" for n in range(2, 5)} <= tracked

@@ -9,17 +9,32 @@ from collections.abc import Iterable
 import pytest
 
 from relay.inflight import InFlightWindow
-from relay.passes import Accepted, Fetched, FetchPlan, Passes, vouched, within_bound
-from relay.records import OutboxRow
+from relay.passes import HINTS_PER_POLL, Accepted, Fetched, FetchPlan, Passes, within_bound
+from relay.records import MAX_FETCHED_ROW_BYTES, OutboxRow
 from tests.unit.test_records import make_row
 
 POLL_MS = 1_000
 BATCH = 3
+BUDGET = 1_000  # bytes a fetch transfers, plus one row
 LANES = frozenset({0, 1})
 
 
-def row(seq: int, key: str | None = None, lane: int = 0, holds_key: bool = False) -> OutboxRow:
-    return make_row(seq=seq, aggregateid=key or f"k{seq}", lane=lane, holds_key=holds_key)
+def row(
+    seq: int,
+    key: str | None = None,
+    lane: int = 0,
+    holds_key: bool = False,
+    size: int = 10,
+    earlier: int | None = None,
+) -> OutboxRow:
+    return make_row(
+        seq=seq,
+        aggregateid=key or f"k{seq}",
+        lane=lane,
+        holds_key=holds_key,
+        size=size,
+        earlier=earlier,
+    )
 
 
 def rows(*seqs: int) -> list[OutboxRow]:
@@ -31,7 +46,12 @@ def seqs(found: Iterable[OutboxRow]) -> list[int]:
 
 
 def new_passes(window: InFlightWindow | None = None) -> Passes:
-    return Passes(window or InFlightWindow(4), poll_interval_ms=POLL_MS, batch_size=BATCH)
+    return Passes(
+        window or InFlightWindow(4),
+        poll_interval_ms=POLL_MS,
+        batch_size=BATCH,
+        fetch_max_bytes=BUDGET,
+    )
 
 
 def fetch(
@@ -39,29 +59,30 @@ def fetch(
     found: list[OutboxRow],
     *,
     now: float = 0.0,
-    start: int | None = None,
+    lowest: int | None = None,
     requested: bool = False,
+    hinted: bool = False,
     until: float = 0.0,
     bound: int | None = None,
 ) -> Fetched:
     """Plan and run one fetch as the loop does (start, plan, leave_out, mark, fetched)."""
-    passes.start(now, full_pass_requested=requested, full_passes_until=until)
-    plan = passes.plan(LANES, passes.cursor if start is None else start)
+    passes.start(
+        now, full_pass_requested=requested, full_pass_hinted=hinted, full_passes_until=until
+    )
+    plan = passes.plan(LANES, now, lowest)
     left_out = passes.leave_out(plan)
     window = passes._window
     return passes.fetched(plan, found, mark=window.fetch_mark(), left_out=left_out, bound=bound)
 
 
-def accept(
-    passes: Passes, fetched: Fetched, *, heard: int = 10**9, lowest: int | None = None
-) -> Accepted | None:
-    return passes.accept(fetched, heard_up_to=heard, lowest_notified=lowest)
+def accept(passes: Passes, fetched: Fetched) -> Accepted:
+    return passes.accept(fetched)
 
 
 def settle_cursor_fetches(passes: Passes, *, now: float = 0.0) -> None:
     """A full pass whose one fetch was not full: the fetches after it are cursor fetches."""
     accepted = accept(passes, fetch(passes, rows(1, 2), now=now, bound=2))
-    assert accepted is not None and not accepted.full
+    assert not accepted.full
     passes.ended()
 
 
@@ -83,46 +104,22 @@ def test_a_pass_s_later_fetch_sends_nothing_above_its_bound(
     assert (seqs(result), was_cut) == (kept, cut)
 
 
-@pytest.mark.parametrize(
-    ("found", "full", "heard", "kept", "still_full", "last_seq"),
-    [
-        ([4, 5, 6], True, 6, [4, 5, 6], True, 6),  # every row heard of
-        ([4, 5, 6], True, 9, [4, 5, 6], True, 6),
-        ([4, 5, 6], True, 5, [4, 5], False, 5),  # 6 not heard yet: the cursor stays at 5
-        ([4, 8, 9], False, 7, [4], False, 7),  # the cursor stops just before 8
-        ([4, 5], False, 0, [], False, 3),  # nothing heard: nothing sent
-        ([], False, 0, [], False, None),
-    ],
-)
-def test_a_cursor_fetch_sends_only_rows_up_to_the_highest_seq_heard_of(
-    found: list[int],
-    full: bool,
-    heard: int,
-    kept: list[int],
-    still_full: bool,
-    last_seq: int | None,
-) -> None:
-    given_last = found[-1] if found else None
-    result, result_full, result_last = vouched(rows(*found), full, given_last, heard)
-    assert (seqs(result), result_full, result_last) == (kept, still_full, last_seq)
-
-
 # -- when a pass starts from the beginning ------------------------------------------------------
 async def test_the_first_fetch_opens_a_full_pass_from_the_beginning() -> None:
     passes = new_passes()
     fetched = fetch(passes, rows(1, 2, 3), bound=3)
-    assert fetched.plan == FetchPlan(LANES, 0, cursor_fetch=False, opens_pass=True)
+    assert fetched.plan == FetchPlan(LANES, 0, BATCH, cursor_fetch=False, opens_pass=True)
     assert passes.in_full_pass
 
 
 async def test_a_full_pass_s_fetches_follow_from_the_cursor_while_full() -> None:
     passes = new_passes()
     accepted = accept(passes, fetch(passes, rows(1, 2, 3), bound=9))
-    assert accepted is not None and accepted.full and passes.cursor == 3
+    assert accepted.full and passes.cursor == 3
     second = fetch(passes, rows(4, 5), now=0.1)
-    assert second.plan == FetchPlan(LANES, 3, cursor_fetch=False, opens_pass=False)
+    assert second.plan == FetchPlan(LANES, 3, BATCH, cursor_fetch=False, opens_pass=False)
     accepted = accept(passes, second)
-    assert accepted is not None and seqs(accepted.rows) == [4, 5] and not accepted.full
+    assert seqs(accepted.rows) == [4, 5] and not accepted.full
     assert passes.cursor == 5
 
 
@@ -130,7 +127,7 @@ async def test_after_a_short_fetch_the_next_fetch_is_a_cursor_fetch() -> None:
     passes = new_passes()
     settle_cursor_fetches(passes)
     fetched = fetch(passes, rows(3), now=0.2)
-    assert fetched.plan == FetchPlan(LANES, 2, cursor_fetch=True, opens_pass=False)
+    assert fetched.plan == FetchPlan(LANES, 2, BATCH, cursor_fetch=True, opens_pass=False)
 
 
 @pytest.mark.parametrize(
@@ -181,7 +178,6 @@ async def test_rows_a_fetch_left_out_bring_the_next_pass_from_the_beginning() ->
     settle_cursor_fetches(passes)
     fetched = fetch(passes, [row(3, lane=0), row(4, lane=5)], now=0.1)
     accepted = accept(passes, fetched)
-    assert accepted is not None
     # Lane 5 was handed back meanwhile: its row is stepped over.
     assert seqs(passes.sendable(accepted.rows, {0}, fetched.mark)) == [3]
     assert passes.full_pass_due(0.2, requested=False)
@@ -198,41 +194,97 @@ async def test_a_pass_that_began_while_keys_were_held_is_irregular() -> None:
     assert passes.full_pass_due(0.1, requested=False)
 
 
-# -- cursor fetches and notifications -------------------------------------------------------------
-async def test_a_cursor_fetch_during_which_a_lower_seq_was_notified_sends_nothing() -> None:
-    """A late commit at or below the fetch's start was announced while it ran: its snapshot
-    may hold the key's next row, which must wait for the late row."""
+# -- cursor fetches: late commits and notifications ---------------------------------------------
+async def test_a_row_whose_earlier_pending_row_was_not_read_waits_for_it() -> None:
+    """A late commit below the start (its transaction committed after the cursor passed
+    its seq): the statement names it as the row's earlier pending row, and the row is not
+    sent before it. The next fetch starts just below it, at once."""
     passes = new_passes()
     settle_cursor_fetches(passes)
-    fetched = fetch(passes, rows(5, 6), now=0.1)
-    assert fetched.plan.start == 2
-    assert accept(passes, fetched, lowest=2) is None
-    assert passes.cursor == 2  # unmoved: the next fetch reads from below the late row
+    fetched = fetch(passes, [row(5, key="late"), row(6, key="k6")], now=0.1)
+    assert fetched.plan.check_below == 2
+    fetched = passes.fetched(
+        fetched.plan,
+        [row(5, key="late", earlier=1), row(6, key="k6"), row(7, key="late", earlier=1)],
+        mark=fetched.mark,
+        left_out=frozenset(),
+    )
+    accepted = accept(passes, fetched)
+    assert seqs(accepted.rows) == [6]
+    assert accepted.full  # the next fetch follows at once
+    again = fetch(passes, [], now=0.2)
+    assert again.plan.start == 0 and again.plan.cursor_fetch
 
 
-async def test_a_notification_above_the_fetch_s_start_does_not_drop_it() -> None:
+async def test_an_earlier_row_in_flight_is_no_late_commit() -> None:
+    window = InFlightWindow(4)
+    passes = new_passes(window)
+    settle_cursor_fetches(passes)
+    window.admit([row(2, key="k")])  # sent, not recorded yet
+    fetched = fetch(passes, [row(3, key="k", earlier=2)], now=0.1)
+    assert fetched.left_out == frozenset({2})
+    accepted = accept(passes, fetched)
+    assert seqs(accepted.rows) == [3]
+
+
+async def test_an_earlier_row_recorded_while_the_fetch_ran_is_no_late_commit() -> None:
+    """In flight when the statement started, recorded (deleted) by the time its rows come
+    back: the statement still saw it pending."""
+    window = InFlightWindow(4)
+    passes = new_passes(window)
+    settle_cursor_fetches(passes)
+    await window.take_slot()
+    window.admit([row(2, key="k")])
+    fetched = fetch(passes, [row(3, key="k", earlier=2)], now=0.1)
+    window.release([row(2, key="k")], held_keys=[])
+    assert seqs(accept(passes, fetched).rows) == [3]
+
+
+async def test_a_pass_s_fetch_does_not_ask_for_earlier_rows() -> None:
+    """A pass's later fetches are kept by its bound; the statement is spared the lookup."""
+    passes = new_passes()
+    first = fetch(passes, rows(1, 2, 3), bound=9)
+    assert first.plan.check_below == 0
+    accept(passes, first)
+    assert fetch(passes, rows(4), now=0.1).plan.check_below == 0
+
+
+async def test_a_notified_seq_below_the_cursor_moves_the_start_within_the_hint_budget() -> None:
     passes = new_passes()
     settle_cursor_fetches(passes)
-    fetched = fetch(passes, rows(5, 6), now=0.1)
-    accepted = accept(passes, fetched, lowest=3)
-    assert accepted is not None and seqs(accepted.rows) == [5, 6]
+    starts = []
+    for n in range(HINTS_PER_POLL + 2):
+        passes.cursor = 9
+        starts.append(fetch(passes, [], now=0.1 + n / 100, lowest=5).plan.start)
+    assert starts == [4] * HINTS_PER_POLL + [9, 9]  # forged floods cost a bounded number
+    # A poll interval later (a new pass has begun meanwhile) the budget is back.
+    later = 0.1 + POLL_MS / 1000
+    settle_cursor_fetches(passes, now=later)
+    passes.cursor = 9
+    assert fetch(passes, [], now=later + 0.05, lowest=5).plan.start == 4
 
 
-async def test_a_cursor_fetch_leaves_rows_past_the_first_unheard_seq_for_later() -> None:
+async def test_a_notification_without_seqs_brings_a_full_pass_within_the_hint_budget() -> None:
     passes = new_passes()
     settle_cursor_fetches(passes)
-    fetched = fetch(passes, rows(3, 4, 5), now=0.1)
-    accepted = accept(passes, fetched, heard=3)
-    assert accepted is not None
-    assert seqs(accepted.rows) == [3] and not accepted.full
-    assert passes.cursor == 3  # before 4, which waits for its notification
+    opened = []
+    for n in range(HINTS_PER_POLL + 2):
+        passes.cursor = 9
+        opened.append(fetch(passes, [], now=0.1 + n / 100, hinted=True).plan.opens_pass)
+    assert opened == [True] * HINTS_PER_POLL + [False, False]
 
 
-async def test_a_full_pass_s_fetch_vouches_for_every_row_it_reads() -> None:
+async def test_a_notification_above_the_cursor_does_not_move_the_start() -> None:
+    passes = new_passes()
+    settle_cursor_fetches(passes)
+    assert fetch(passes, [], now=0.1, lowest=50).plan.start == 2
+
+
+async def test_a_full_pass_s_fetch_sends_every_row_it_reads() -> None:
     """After a restart the backlog's rows were never notified: a full pass sends them."""
     passes = new_passes()
-    accepted = accept(passes, fetch(passes, rows(1, 2, 3), bound=3), heard=0)
-    assert accepted is not None and seqs(accepted.rows) == [1, 2, 3]
+    accepted = accept(passes, fetch(passes, rows(1, 2, 3), bound=3))
+    assert seqs(accepted.rows) == [1, 2, 3]
 
 
 async def test_a_cursor_that_went_back_for_a_late_commit_returns_to_where_it_was() -> None:
@@ -241,9 +293,9 @@ async def test_a_cursor_that_went_back_for_a_late_commit_returns_to_where_it_was
     accept(passes, fetch(passes, rows(8, 9), now=0.1))  # not full: cursor 9
     passes.ended()
     assert passes.cursor == 9
-    fetched = fetch(passes, rows(5), now=0.2, start=4)  # below the late seq 5
+    fetched = fetch(passes, rows(5), now=0.2, lowest=5)  # below the late seq 5
     accepted = accept(passes, fetched)
-    assert accepted is not None and seqs(accepted.rows) == [5]
+    assert seqs(accepted.rows) == [5]
     assert passes.cursor == 9
 
 
@@ -255,7 +307,6 @@ async def test_a_pass_s_later_fetch_that_meets_its_bound_ends_the_pass() -> None
     first = accept(passes, fetch(passes, rows(1, 2, 3), bound=4))
     assert first is not None and first.full
     accepted = accept(passes, fetch(passes, rows(4, 5, 6), now=0.1))
-    assert accepted is not None
     assert seqs(accepted.rows) == [4]
     assert accepted.cut and accepted.full  # the next pass starts from the beginning at once
     assert not passes.may_prefetch(0.1, accepted, [0, 1], producer_broken=False, slot_free=True)
@@ -265,14 +316,14 @@ async def test_a_cut_short_fetch_still_lets_the_next_pass_follow_at_once() -> No
     passes = new_passes()
     accept(passes, fetch(passes, rows(1, 2, 3), bound=4))
     accepted = accept(passes, fetch(passes, rows(4, 5), now=0.1))  # not full, but cut
-    assert accepted is not None and accepted.cut and accepted.full
+    assert accepted.cut and accepted.full
 
 
 async def test_only_the_pass_s_first_fetch_sets_its_bound() -> None:
     passes = new_passes()
     accept(passes, fetch(passes, rows(1, 2, 3), bound=3))
     accepted = accept(passes, fetch(passes, rows(4, 5, 6), now=0.1, bound=99))
-    assert accepted is not None and accepted.cut and seqs(accepted.rows) == []
+    assert accepted.cut and seqs(accepted.rows) == []
 
 
 async def test_the_bound_is_read_ahead_once_half_a_poll_interval_into_the_pass() -> None:
@@ -316,7 +367,7 @@ async def test_a_row_held_behind_a_retry_published_within_the_pass_is_not_sent()
     retried = row(1, key="k", holds_key=True)
     first = fetch(passes, [retried, row(3, key="other"), row(4, key="other2")], bound=9)
     accepted = accept(passes, first)
-    assert accepted is not None and accepted.full
+    assert accepted.full
     # The next fetch is read ahead while this one is sent; its statement is slow.
     assert passes.may_prefetch(0.0, accepted, [0, 1], producer_broken=False, slot_free=True)
     prefetch = passes.prefetch_plan([0, 1])
@@ -330,7 +381,6 @@ async def test_a_row_held_behind_a_retry_published_within_the_pass_is_not_sent()
         prefetch, [row(5, key="k"), row(6, key="other")], mark=prefetch_mark, left_out=frozenset()
     )
     accepted = accept(passes, later)
-    assert accepted is not None
     assert seqs(passes.sendable(accepted.rows, LANES, later.mark)) == [6]
     window.fetch_done(later.mark)
     # And a fetch planned after the release starts the next pass from the beginning.
@@ -346,7 +396,7 @@ async def test_a_key_released_since_the_pass_began_waits_for_the_next_pass() -> 
     window.hold(["k"])
     first = fetch(passes, rows(1, 2, 3), bound=99)
     accepted = accept(passes, first)
-    assert accepted is not None and accepted.full
+    assert accepted.full
     window.fetch_done(first.mark)
     window.admit([row(0, key="k")])
     window.release([row(0, key="k")], held_keys=["k"])  # released after the pass began
@@ -355,7 +405,6 @@ async def test_a_key_released_since_the_pass_began_waits_for_the_next_pass() -> 
         prefetch, [row(4, key="k"), row(5, key="j")], mark=window.fetch_mark(), left_out=frozenset()
     )
     accepted = accept(passes, later)
-    assert accepted is not None
     assert seqs(passes.sendable(accepted.rows, LANES, later.mark)) == [5]
 
 
@@ -370,7 +419,6 @@ async def test_a_fetch_whose_snapshot_predates_a_release_does_not_send_that_key(
     window.admit([row(1, key="k")])
     window.release([row(1, key="k")], held_keys=["k"])  # recorded: the hold moves on
     accepted = accept(passes, fetched)
-    assert accepted is not None
     assert seqs(passes.sendable(accepted.rows, LANES, fetched.mark)) == [4]
 
 
@@ -380,7 +428,6 @@ async def test_a_held_key_s_rows_are_left_out_and_the_others_go() -> None:
     window.hold(["k"])
     fetched = fetch(passes, [row(1, key="k"), row(2, key="j")], bound=9)
     accepted = accept(passes, fetched)
-    assert accepted is not None
     assert seqs(passes.sendable(accepted.rows, LANES, fetched.mark)) == [2]
 
 
@@ -388,7 +435,6 @@ async def test_while_nothing_is_held_every_row_of_a_held_lane_goes() -> None:
     passes = new_passes()
     fetched = fetch(passes, [row(1, key="k"), row(2, key="k")], bound=9)
     accepted = accept(passes, fetched)
-    assert accepted is not None
     assert seqs(passes.sendable(accepted.rows, LANES, fetched.mark)) == [1, 2]
     assert not passes.full_pass_due(0.1, requested=False)
 
@@ -410,7 +456,7 @@ async def test_the_next_fetch_is_read_ahead_only_while_the_pass_runs_on(
 ) -> None:
     passes = new_passes()
     accepted = accept(passes, fetch(passes, rows(1, 2, 3), bound=9))
-    assert accepted is not None and accepted.full
+    assert accepted.full
     decided = passes.may_prefetch(now, accepted, lanes, producer_broken=broken, slot_free=slot_free)
     assert decided is expected, why
 
@@ -418,14 +464,16 @@ async def test_the_next_fetch_is_read_ahead_only_while_the_pass_runs_on(
 async def test_a_short_fetch_is_not_followed_by_a_prefetch() -> None:
     passes = new_passes()
     accepted = accept(passes, fetch(passes, rows(1), bound=9))
-    assert accepted is not None and not accepted.full
+    assert not accepted.full
     assert not passes.may_prefetch(0.1, accepted, [0, 1], producer_broken=False, slot_free=True)
 
 
 async def test_a_prefetch_reads_from_the_cursor_as_the_pass_s_kind_of_fetch() -> None:
     passes = new_passes()
     accept(passes, fetch(passes, rows(1, 2, 3), bound=9))
-    assert passes.prefetch_plan([0, 1]) == FetchPlan(LANES, 3, cursor_fetch=False, opens_pass=False)
+    assert passes.prefetch_plan([0, 1]) == FetchPlan(
+        LANES, 3, BATCH, cursor_fetch=False, opens_pass=False
+    )
 
 
 async def test_closing_lets_the_pass_s_mark_go() -> None:
@@ -439,3 +487,62 @@ async def test_closing_lets_the_pass_s_mark_go() -> None:
     passes.close()
     window.fetch_done(window.fetch_mark())  # any later fetch prunes what nobody needs
     assert window.holds_nothing()
+
+
+# -- sizes ----------------------------------------------------------------------------------------
+async def test_a_fetch_cut_by_its_byte_budget_is_full_and_the_next_asks_for_fewer_rows() -> None:
+    passes = new_passes()
+    big = [row(1, size=600), row(2, size=600)]  # the second crossed the budget: cut there
+    fetched = fetch(passes, big, bound=9)
+    assert fetched.full and fetched.transferred_bytes == 1_200
+    accept(passes, fetched)
+    second = fetch(passes, [row(3, size=600)], now=0.1)
+    assert second.plan.limit == min(BATCH, 2 * len(big))
+    # Small rows again: the limit doubles back to the batch size.
+    accept(passes, second)
+    assert passes.prefetch_plan([0, 1]).limit == BATCH
+
+
+async def test_a_row_too_large_to_fetch_whole_counts_nothing_toward_the_budget() -> None:
+    passes = new_passes()
+    fetched = fetch(passes, [row(1, size=MAX_FETCHED_ROW_BYTES + 1), row(2, size=10)], bound=9)
+    assert fetched.transferred_bytes == 10 and not fetched.full
+
+
+async def test_a_limit_once_lowered_grows_back_one_doubling_per_fetch() -> None:
+    passes = Passes(InFlightWindow(4), poll_interval_ms=POLL_MS, batch_size=100, fetch_max_bytes=1)
+    accept(passes, passes.fetched(passes.plan(LANES, 0.0), [row(1)], mark=0, left_out=frozenset()))
+    limits = []
+    for n in range(2, 10):
+        plan = passes.plan(LANES, 0.0)
+        limits.append(plan.limit)
+        # a fetch under the budget: no row at all transferred
+        passes.fetched(plan, [row(n, size=MAX_FETCHED_ROW_BYTES + 1)], mark=0, left_out=frozenset())
+    assert limits == [2, 4, 8, 16, 32, 64, 100, 100]
+
+
+async def test_a_row_whose_outcome_cannot_be_recorded_is_never_sent_again() -> None:
+    passes = new_passes()
+    passes.leave_out_for_good(2)
+    fetched = fetch(passes, rows(1, 2, 3), bound=9)
+    sent = passes.sendable(accept(passes, fetched).rows, LANES, fetched.mark)
+    assert seqs(sent) == [1, 3]
+    assert passes.left_out_for_good == 1
+    assert not passes.full_pass_due(0.1, requested=False)  # not a row stepped over
+
+
+async def test_a_pass_that_found_nothing_moves_the_cursor_to_its_bound() -> None:
+    """An empty outbox: the fetches after it start at the bound as cursor fetches, rather
+    than from the beginning on every wake-up."""
+    passes = new_passes()
+    accept(passes, fetch(passes, [], bound=41))
+    passes.ended()
+    nxt = fetch(passes, [], now=0.1)
+    assert (nxt.plan.start, nxt.plan.cursor_fetch, nxt.plan.opens_pass) == (41, True, False)
+
+
+async def test_a_pass_whose_bound_is_unknown_keeps_its_cursor() -> None:
+    passes = new_passes()
+    accept(passes, fetch(passes, [], bound=None))
+    passes.ended()
+    assert fetch(passes, [], now=0.1).plan.opens_pass

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from relay.records import (
+    MAX_FETCHED_ROW_BYTES,
     MAX_RECORD_BYTES,
     RESERVED_HEADERS,
     KafkaRecord,
@@ -208,6 +210,68 @@ def test_reserved_headers_cannot_be_overridden(name: str) -> None:
     assert caught.value.cause == "invalid_headers"
 
 
+@pytest.mark.parametrize("name", ["ID", "Ce_Id", "CONTENT-TYPE", "TraceParent", "Tenant_Ref"])
+def test_reserved_header_names_are_refused_in_any_case(name: str) -> None:
+    with pytest.raises(RecordRejected) as caught:
+        mapper().to_record(make_row(headers=json.dumps({name: "forged"})))
+    assert caught.value.cause == "invalid_headers"
+
+
+def test_other_cloudevents_extension_headers_stay_allowed() -> None:
+    record = mapper().to_record(make_row(headers='{"ce_partitionkey": "p", "Ce_Dataref": "d"}'))
+    assert headers_of(record)["ce_partitionkey"] == b"p"
+
+
+@pytest.mark.parametrize(
+    "traceparent",
+    [
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  # version ff
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",  # all-zero trace id
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",  # all-zero parent id
+    ],
+)
+def test_a_traceparent_a_receiver_must_ignore_is_not_forwarded_and_is_counted(
+    traceparent: str,
+) -> None:
+    dropped: list[None] = []
+    m = mapper(on_void_traceparent=lambda: dropped.append(None))
+    record = m.to_record(make_row(traceparent=traceparent))
+    assert "traceparent" not in headers_of(record)
+    assert len(dropped) == 1
+
+
+def test_a_valid_traceparent_is_forwarded_unchanged() -> None:
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    record = mapper().to_record(make_row(traceparent=traceparent))
+    assert headers_of(record)["traceparent"] == traceparent.encode()
+
+
+def test_a_row_too_large_to_be_fetched_whole_is_too_large_with_its_size() -> None:
+    with pytest.raises(RecordRejected) as caught:
+        mapper().to_record(make_row(payload=None, size=MAX_FETCHED_ROW_BYTES + 1))
+    assert caught.value.cause == "too_large"
+    assert str(MAX_FETCHED_ROW_BYTES + 1) in str(caught.value)
+
+
+@pytest.mark.parametrize("topic", ["other.orders", "outbox.events", "outbox.event.Orders"])
+def test_a_topic_outside_the_allowed_pattern_is_refused(topic: str) -> None:
+    m = mapper(allowed_topics=re.compile(r"outbox\.event\.[a-z_]+"))
+    with pytest.raises(RecordRejected) as caught:
+        m.to_record(make_row(topic=topic))
+    assert caught.value.cause == "topic_not_allowed"
+
+
+def test_a_topic_the_pattern_allows_is_published_to() -> None:
+    m = mapper(allowed_topics=re.compile(r"outbox\.event\.[a-z_]+"))
+    assert m.to_record(make_row(aggregatetype="orders")).topic == "outbox.event.orders"
+
+
+def test_a_topic_name_with_a_trailing_newline_is_invalid() -> None:
+    with pytest.raises(RecordRejected) as caught:
+        mapper().to_record(make_row(topic="orders\n"))
+    assert caught.value.cause == "invalid_topic"
+
+
 def test_an_empty_header_name_is_rejected() -> None:
     with pytest.raises(RecordRejected) as caught:
         mapper().to_record(make_row(headers='{"": "x"}'))
@@ -236,14 +300,14 @@ def test_oversized_payload_is_rejected() -> None:
     big = json.dumps({"blob": "x" * 3_000})
     with pytest.raises(RecordRejected) as caught:
         m.to_record(make_row(payload=big))
-    assert caught.value.cause == "record_too_large"
+    assert caught.value.cause == "too_large"
 
 
 def test_oversized_headers_are_rejected() -> None:
     m = mapper(max_record_bytes=2_000)
     with pytest.raises(RecordRejected) as caught:
         m.to_record(make_row(payload=None, headers=json.dumps({"x-big": "y" * 3_000})))
-    assert caught.value.cause == "record_too_large"
+    assert caught.value.cause == "too_large"
 
 
 def test_a_record_just_under_the_limit_passes_and_its_size_is_bounded() -> None:
@@ -260,7 +324,7 @@ def test_a_record_just_under_the_limit_passes_and_its_size_is_bounded() -> None:
 def test_default_limit_is_the_producers_request_size() -> None:
     assert MAX_RECORD_BYTES == 1_048_576
     payload = json.dumps({"blob": "x" * (MAX_RECORD_BYTES + 1)})
-    with pytest.raises(RecordRejected, match="record_too_large"):
+    with pytest.raises(RecordRejected, match="too_large"):
         mapper().to_record(make_row(payload=payload))
 
 

@@ -37,7 +37,8 @@ from relay.retry import (
         (TimeoutError(), FailureClass("broker_timeout", True)),
         (kafka_errors.KafkaConnectionError(), FailureClass("broker_unavailable", True)),
         (ConnectionResetError(), FailureClass("broker_unavailable", True)),
-        (RuntimeError("boom"), FailureClass("unexpected", True)),
+        # nothing knows it: spends an attempt, so a row that always fails ends quarantined
+        (RuntimeError("boom"), FailureClass("unexpected:RuntimeError", False)),
         # a missing topic spends attempts and ends in quarantine; its first lookup does not
         (TopicNotFound("t"), FailureClass("unknown_topic", False)),
         (TopicLookupPending("t"), FailureClass("topic_lookup", True)),
@@ -209,3 +210,15 @@ def test_a_failed_row_waits_by_what_its_failure_says(failure: FailureClass, step
         rng=random.Random(5),
     )
     assert delay == backoff_ms(step, base_ms=100, cap_ms=60_000, rng=random.Random(5))
+
+
+@pytest.mark.parametrize("cause", ["too_large", "topic_not_allowed"])
+def test_a_row_no_attempt_can_publish_is_quarantined_at_once(cause: str) -> None:
+    failure = classify_failure(RecordRejected(cause, "detail"))
+    assert failure.final and not failure.retriable
+    assert failure.name == cause
+
+
+def test_an_unexpected_error_s_metric_label_leaves_its_type_out() -> None:
+    assert classify_failure(KeyError("x")).label == "unexpected"
+    assert classify_failure(kafka_errors.KafkaTimeoutError()).label == "broker_timeout"
