@@ -20,7 +20,7 @@ import logging
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -32,6 +32,7 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from contracts.errors import DatabaseUnavailable
+from contracts.unexpected import log_unexpected, raised_at
 from pgconnect import DB_ERRORS, unavailable_cause
 from relay.config import RelayConfig
 from relay.housekeeping import OBSERVE_EVERY_MS, Housekeeping, run_rounds
@@ -47,7 +48,9 @@ from relay.records import OutboxRow, RecordMapper
 from relay.retry import (
     LANE_LOST,
     NOT_BROKER_FAILURES,
+    UNEXPECTED,
     backoff_ms,
+    classify_failure,
     refused_for_content,
     retry_delay_ms,
 )
@@ -596,6 +599,10 @@ class Relay:
                 "lease ending" if within_s >= lease_left_s else "broker did not answer in time"
             )
         outcome = sort_outcome(acknowledgements, submission.failures)
+        self._say_unexpected(
+            [(len(rows), answer) for rows, answer in acknowledgements]
+            + [(1, exc) for _, exc in submission.failures]
+        )
         # Until the failure is recorded, the database does not hold the key back yet.
         # Failures found before sending were held back when they were found. Held before
         # anything is submitted again, as Submission.acknowledgements asks.
@@ -603,6 +610,19 @@ class Relay:
         if outcome.producer_broken:
             self._producer.broken = True
         return outcome
+
+    @staticmethod
+    def _say_unexpected(answers: Sequence[tuple[int, object]]) -> None:
+        """One line per kind of error nothing classifies (its type and where it was
+        raised, contracts/unexpected.py), with how many of the batch's events it failed."""
+        said: dict[tuple[type, str | None], tuple[BaseException, int]] = {}
+        for events, answer in answers:
+            if isinstance(answer, BaseException) and classify_failure(answer).label == UNEXPECTED:
+                kind = (type(answer), raised_at(answer))
+                first, counted = said.get(kind, (answer, 0))
+                said[kind] = (first, counted + events)
+        for exc, events in said.values():
+            log_unexpected(log, "publish failed unexpectedly", exc, events=events)
 
     async def _conclude(self, batch: Batch, outcome: Outcome, recording: anyio.Semaphore) -> None:
         """Record the outcome, then let the batch's rows and slot go."""

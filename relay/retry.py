@@ -104,6 +104,8 @@ _BY_TYPE: tuple[tuple[type[BaseException], FailureClass], ...] = (
 
 
 _FINAL_CAUSES = {TOO_LARGE.name: TOO_LARGE, TOPIC_NOT_ALLOWED.name: TOPIC_NOT_ALLOWED}
+# The label of a failure nothing here knows (its name adds the error's type).
+UNEXPECTED = "unexpected"
 # Room for the type's name after "unexpected:" in last_error_class.
 _TYPE_NAME_LIMIT = 100
 
@@ -124,7 +126,7 @@ def classify_failure(exc: BaseException) -> FailureClass:
         name = type(exc).__name__.removesuffix("Error")
         snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")
         return FailureClass(snake or "kafka", retriable=bool(exc.retriable))
-    return FailureClass(f"unexpected:{type(exc).__name__[:_TYPE_NAME_LIMIT]}", retriable=False)
+    return FailureClass(f"{UNEXPECTED}:{type(exc).__name__[:_TYPE_NAME_LIMIT]}", retriable=False)
 
 
 def backoff_ms(attempt: int, *, base_ms: int, cap_ms: int, rng: random.Random | None = None) -> int:

@@ -388,7 +388,11 @@ async def test_a_row_routed_outside_the_allowed_topics_is_quarantined_at_once(
 
 # -- an error nothing expected -----------------------------------------------------------------------
 async def test_a_row_that_always_fails_unexpectedly_ends_quarantined_with_the_error_s_type(
-    db: asyncpg.Connection, database_url: str, kafka_bootstrap: str, topic_namespace: str
+    db: asyncpg.Connection,
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_namespace: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     from aiokafka import AIOKafkaProducer
 
@@ -417,6 +421,7 @@ async def test_a_row_that_always_fails_unexpectedly_ends_quarantined_with_the_er
 
     relay = Relay(config, RelayMetrics.register(CollectorRegistry()), producer_factory=factory)
     stop = asyncio.Event()
+    caplog.set_level(logging.ERROR, logger="relay.engine")
     task = asyncio.create_task(relay.run(stop))  # type: ignore[arg-type]
     try:
         await wait_until(lambda: _receipts(db, [fine["id"]]), timeout=30)
@@ -430,6 +435,11 @@ async def test_a_row_that_always_fails_unexpectedly_ends_quarantined_with_the_er
         stop.set()
         await asyncio.wait_for(task, timeout=30)
     assert tuple(await db.fetchrow(STATE, surprise["id"])) == (3, "unexpected:LookupError", True)
+    said = [r for r in caplog.records if r.getMessage() == "publish failed unexpectedly"]
+    assert len(said) == 3  # once per attempt, each with its type and where it was raised
+    assert {getattr(r, "exc_type", None) for r in said} == {"LookupError"}
+    assert all(str(getattr(r, "at", "")).startswith("relay/publisher.py:") for r in said)
+    assert not any("nothing expected this" in r.getMessage() for r in caplog.records)
 
 
 # -- trace context ------------------------------------------------------------------------------
