@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import re
 import uuid
@@ -26,14 +27,14 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
-from relay.records import MAX_RECORD_BYTES, RESERVED_HEADERS
+from relay.records import MAX_FETCHED_ROW_BYTES, MAX_RECORD_BYTES, RESERVED_HEADERS
 from tests.fuzz.profiles import fuzz_settings
 from tests.relay.harness import RunningRelay, fast_config, running_relay, wait_until
 
 CE_SOURCE = "urn:fuzz"
 TYPES = ("a", "b")  # the aggregate types routed by the template, to pre-created topics
 PARTITIONS = 2
-_TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _OPTIONAL = ("tenant_ref", "schema_version", "correlation_ref", "causation_ref")
 # Only the relay's own bound is predicted; a record just under it still fits the broker.
 _COMFORTABLY_SMALL = MAX_RECORD_BYTES - 64 * 1024
@@ -151,11 +152,39 @@ traceparents = st.one_of(
         st.integers(1, 2**64 - 1),
         st.integers(0, 255),
     ),
+    # ones a receiver must ignore: published without them
+    st.sampled_from(
+        [
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+        ]
+    ),
+)
+
+
+def void_traceparent(traceparent: str | None) -> bool:
+    """A trace context the W3C spec says a receiver must ignore."""
+    if traceparent is None:
+        return False
+    version, trace_id, parent_id, _ = traceparent.split("-")
+    return version == "ff" or trace_id == "0" * 32 or parent_id == "0" * 16
+
+
+# Header values near and over the record limit.
+header_values = st.one_of(
+    text,
+    st.integers(MAX_RECORD_BYTES - 20_000, MAX_RECORD_BYTES + 20_000).map(lambda n: "v" * n),
 )
 
 
 def long_keys() -> st.SearchStrategy[str]:
-    return st.integers(1, 20_000).map(lambda n: "k" * n)
+    """Long keys, compressible and not: random hex around B-tree's 2,704-byte entry limit
+    (pglz cannot shrink it), which a key index must still take."""
+    return st.one_of(
+        st.integers(1, 20_000).map(lambda n: "k" * n),
+        st.binary(min_size=1_000, max_size=2_000).map(bytes.hex),
+    )
 
 
 @st.composite
@@ -167,7 +196,7 @@ def rows(draw: st.DrawFn) -> Row:
             st.one_of(
                 st.just("own"),  # the pre-created topic, by its full name below
                 nonempty,  # almost never a valid name: quarantined as invalid_topic
-                st.sampled_from([".", "..", "x" * 250, "a/b", "é"]),
+                st.sampled_from([".", "..", "x" * 249, "x" * 250, "a/b", "é", "own\n"]),
             )
         )
     return Row(
@@ -178,7 +207,9 @@ def rows(draw: st.DrawFn) -> Row:
         payload=draw(st.one_of(json_values.map(json.dumps), st.none(), big_payloads)),
         optional=tuple(draw(st.one_of(st.none(), text)) for _ in _OPTIONAL),
         traceparent=draw(traceparents),
-        headers=draw(st.one_of(st.none(), st.dictionaries(header_names, text, max_size=4))),
+        headers=draw(
+            st.one_of(st.none(), st.dictionaries(header_names, header_values, max_size=4))
+        ),
         topic=topic,
     )
 
@@ -193,6 +224,8 @@ def deep(depth: int) -> str:
 
 
 PLAIN = Row("a", "k", "t", '{"x": 1}', (None,) * 4, None, None, None)
+# 3,200 characters of pseudo-random hex: over a B-tree entry's limit even after pglz.
+INCOMPRESSIBLE_KEY = "".join(hashlib.sha256(str(n).encode()).hexdigest() for n in range(50))
 
 
 # -- what must happen ----------------------------------------------------------------------
@@ -201,12 +234,15 @@ def expected_cause(world: World, row: Row, payload_bytes: int) -> str | None:
     topic = world.topic(row.aggregatetype) if row.topic is None else row.topic
     if row.topic == "own":
         topic = world.topic("own")
-    if not _TOPIC_NAME.match(topic) or topic in (".", ".."):
+    if not _TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
         return "invalid_topic"
     if row.topic is not None and row.topic != "own":
         return "unknown"  # a valid name the broker may create or refuse: either is fine
-    if row.headers and any(n in RESERVED_HEADERS or n in _OPTIONAL or not n for n in row.headers):
+    reserved = RESERVED_HEADERS | set(_OPTIONAL)
+    if row.headers and any(n.lower() in reserved or not n for n in row.headers):
         return "invalid_headers"
+    if payload_bytes > MAX_FETCHED_ROW_BYTES + 1_000:
+        return "too_large"  # never fetched whole
     if len(row.aggregateid.encode()) + payload_bytes + 4096 > _COMFORTABLY_SMALL:
         return "unknown"  # near or over the limit: published whole, or record_too_large
     return None
@@ -284,7 +320,8 @@ async def assert_published_intact(
     rest = headers[6:]
     if stored_payload is not None:
         assert rest.pop(0) == ("content-type", b"application/json")
-    columns = [("traceparent", row.traceparent), *zip(_OPTIONAL, row.optional, strict=True)]
+    forwarded = None if void_traceparent(row.traceparent) else row.traceparent
+    columns = [("traceparent", forwarded), *zip(_OPTIONAL, row.optional, strict=True)]
     for name, value in columns:
         if value is not None:
             assert rest.pop(0) == (name, value.encode())
@@ -302,6 +339,17 @@ async def assert_published_intact(
     batch=[Row("a", "k" * 20_000, "t", padded(MAX_RECORD_BYTES), (None,) * 4, None, None, None)]
 )
 @example(batch=[Row("a", "k", "t", str(10**40), (None,) * 4, None, None, "a/b"), PLAIN])
+# Far over the record limit: quarantined as too large without being fetched whole.
+@example(
+    batch=[
+        Row("a", "k", "t", padded(MAX_FETCHED_ROW_BYTES + 10_000), (None,) * 4, None, None, None),
+        PLAIN,
+    ]
+)
+# A key no B-tree entry can hold, whose row fails: its failure is still recorded.
+@example(
+    batch=[Row("a", INCOMPRESSIBLE_KEY, "t", None, (None,) * 4, None, {"ID": "x"}, None), PLAIN]
+)
 async def test_every_committed_row_is_published_intact_or_quarantined(
     world: World, batch: list[Row]
 ) -> None:
