@@ -11,7 +11,7 @@ from contracts.health import Classification, HealthReport
 from contracts.policy import Policy
 from health.evaluate import evaluate, unknown_report
 from health.probing import CONNECT_ERRORS, connect_failure
-from health.render import encode_json, health_document, status_table
+from health.render import STATUS_WIDTH, encode_json, health_document, status_table
 from pgconnect import connection_options
 
 _log = logging.getLogger(__name__)
@@ -117,8 +117,10 @@ async def status(
     receipt_retention_ms: int | None,
     transaction_pooler: bool = False,
     colour: bool = False,
+    width: int = STATUS_WIDTH,
 ) -> tuple[str, int]:
-    """A human-readable table of the same evaluation and the same exit code."""
+    """A human-readable table of the same evaluation, ``width`` columns wide, and the same
+    exit code."""
     report = await evaluate_once(
         database_url,
         policy,
@@ -126,5 +128,5 @@ async def status(
         transaction_pooler=transaction_pooler,
     )
     # No trailing newline: the CLI prints it.
-    table = status_table(report, policy, colour=colour)
+    table = status_table(report, policy, colour=colour, width=width)
     return table.rstrip("\n"), EXIT_CODES[report.classification]

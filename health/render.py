@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import html
 import re
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -132,34 +133,97 @@ _ANSI = {
 _ANSI_RESET = "\x1b[0m"
 
 
-def status_table(
-    report: HealthReport, policy: Policy | None = None, *, colour: bool = False
-) -> str:
-    """A plain-text table of every family for ``outbox-relay status``.
+STATUS_WIDTH = 80
+"""The width ``status`` lays its table out to when nobody says otherwise (not a terminal)."""
+_MIN_WIDTH = 40
+# FAMILY, CLASSIFICATION and GATES, each with the space after it: where measurements start.
+_FAMILY, _CLASSIFICATION, _GATES = 18, 14, 5
+_MEASUREMENTS_AT = _FAMILY + 1 + _CLASSIFICATION + 1 + _GATES + 1
+_BELOW = "    "
+"""The indent of measurements laid out below their family's line, when none fits beside it."""
+_GAP = 2
 
-    With ``policy`` a bounded value shows its bound (``expired_lease_count=1/max 0``); with
-    ``colour`` the classification is coloured with ANSI codes (for a terminal only).
+
+def status_table(
+    report: HealthReport,
+    policy: Policy | None = None,
+    *,
+    colour: bool = False,
+    width: int = STATUS_WIDTH,
+) -> str:
+    """A plain-text table of every family for ``outbox-relay status``, ``width`` columns wide.
+
+    Each family's measurements stand in as many aligned columns as fit beside it; when one
+    would not fit there, every family's go below its line instead. A measurement is never
+    split, and reasons wrap between words. With ``policy`` a bounded value shows its bound
+    (``expired_lease_count=1/max 0``); with ``colour`` the classification is coloured with
+    ANSI codes (for a terminal only).
     """
-    lines = [f"{'FAMILY':<18} {'CLASSIFICATION':<14} {'GATES':<5} MEASUREMENTS"]
-    for result in report.families:
-        values = (
-            " ".join(_shown_with_bound(policy, result, m) for m in measurements(result))
+    width = max(width, _MIN_WIDTH)
+    shown = {
+        result.family: (
+            [_shown_with_bound(policy, result, m) for m in measurements(result)]
             if result.evidence is not None
-            else "-"
+            else []
         )
+        or ["-"]
+        for result in report.families
+    }
+    widest = max((len(cell) for cells in shown.values() for cell in cells), default=0)
+    beside = widest <= width - _MEASUREMENTS_AT
+    header = f"{'FAMILY':<{_FAMILY}} {'CLASSIFICATION':<{_CLASSIFICATION}} {'GATES'}"
+    lines = [f"{header:<{_MEASUREMENTS_AT}}MEASUREMENTS" if beside else header]
+    for result in report.families:
         gates = "yes" if result.gates_readiness else "no"
-        classification = f"{result.classification.value:<14}"
+        classification = f"{result.classification.value:<{_CLASSIFICATION}}"
         if colour:
             classification = _ANSI[result.classification] + classification + _ANSI_RESET
-        lines.append(f"{result.family.value:<18} {classification} {gates:<5} {values}")
-        lines.extend(f"{'':<18} reason: {reason}" for reason in result.reasons)
+        head = f"{result.family.value:<{_FAMILY}} {classification} {gates:<{_GATES}} "
+        cells = shown[result.family]
+        if beside:
+            rows = _columns(cells, width - _MEASUREMENTS_AT)
+            lines.append(head + rows[0])
+            lines.extend(" " * _MEASUREMENTS_AT + row for row in rows[1:])
+            indent = " " * (_FAMILY + 1)
+        else:
+            lines.append(head.rstrip())
+            lines.extend(_BELOW + row for row in _columns(cells, width - len(_BELOW)))
+            indent = _BELOW
+        for reason in result.reasons:
+            lines.extend(
+                textwrap.wrap(
+                    reason,
+                    width,
+                    initial_indent=f"{indent}reason: ",
+                    subsequent_indent=indent + " " * len("reason: "),
+                    break_long_words=False,
+                    break_on_hyphens=False,
+                )
+            )
     if not report.families:
         lines.append("(every family is disabled in the policy)")
-    lines.append(
-        f"overall: {report.classification.value}; readiness: {report.readiness.value}; "
-        f"evaluated {_iso(report.evaluated_at_unix_ms)}"
+    lines.extend(
+        textwrap.wrap(
+            f"overall: {report.classification.value}; readiness: {report.readiness.value}; "
+            f"evaluated {_iso(report.evaluated_at_unix_ms)}",
+            width,
+            subsequent_indent="  ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
     )
     return "\n".join(lines) + "\n"
+
+
+def _columns(cells: Sequence[str], room: int) -> list[str]:
+    """``cells`` in reading order, in as many columns of equal width as fit in ``room``
+    (always at least one), as lines without trailing spaces."""
+    cell = max(len(text) for text in cells)
+    count = max(1, (room + _GAP) // (cell + _GAP))
+    return [
+        (" " * _GAP).join(text.ljust(cell) for text in cells[at : at + count]).rstrip()
+        for at in range(0, len(cells), count)
+    ]
 
 
 def _shown_with_bound(policy: Policy | None, result: FamilyResult, m: Measurement) -> str:

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import re
+import shutil
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -28,6 +29,7 @@ from contracts.errors import (
 )
 from contracts.unexpected import log_unexpected
 from health.commands import check, status
+from health.render import STATUS_WIDTH
 from migrations.grants import (
     apply_plan,
     plan_grants,
@@ -316,6 +318,9 @@ async def _health_report(settings: HealthReportSettings) -> int:
             receipt_retention_ms=settings.receipt_retention_ms,
             transaction_pooler=settings.transaction_pooler,
             colour=colour,
+            # Asked each time: the terminal may have been resized since (COLUMNS wins; 80
+            # when stdout is no terminal).
+            width=shutil.get_terminal_size((STATUS_WIDTH, 24)).columns,
         )
         if settings.watch_interval_ms is None:
             print(text)

@@ -86,6 +86,53 @@ def test_health_and_the_table_show_each_bound_next_to_its_observation() -> None:
     assert "\x1b[1;31mstalled" in status_table(report, POLICY, colour=True)
 
 
+_ANSI_CODE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@pytest.mark.parametrize("width", [48, 64, 80, 110, 200])
+def test_the_table_fits_its_width_and_never_splits_a_measurement_or_a_word(width: int) -> None:
+    reason = "expired_lease_count 1 > max_expired_lease_count 0 " * 4
+    table = status_table(
+        _report(NOW, expired=1, reason=reason.strip()), POLICY, colour=True, width=width
+    )
+    lines = _ANSI_CODE.sub("", table).splitlines()
+    assert max(len(line) for line in lines) <= width, table
+    shown = [m for line in lines for m in re.findall(r"\b[a-z_]+=\S+(?: \d+(?:ms)?)?", line)]
+    assert shown == [
+        "active_count=7/max 50",
+        "oldest_active_age=42000ms/max 600000ms",
+        "quarantined_count=0/max 0",
+        "expired_lease_count=1/max 0",
+        "oldest_expired_lease_age=1000ms",
+    ]
+    # The reason wraps between words: put back together it reads as it was.
+    first = next(n for n, line in enumerate(lines) if "reason: " in line)
+    overall = next(n for n, line in enumerate(lines) if line.startswith("overall: "))
+    wrapped = " ".join(line.strip() for line in lines[first:overall])
+    assert wrapped.removeprefix("reason: ").split() == reason.split()
+
+
+def test_the_table_puts_measurements_in_columns_beside_their_family_when_they_fit() -> None:
+    wide = status_table(_report(NOW, expired=0), POLICY, width=200).splitlines()
+    assert wide[1].startswith("scoring_jobs       within_bounds  yes   active_count=7/max 50 ")
+    assert wide[1].count("=") == 4  # four columns fit in 160, the fifth starts a line
+    assert wide[2].strip() == "oldest_expired_lease_age=-"
+    assert wide[2].index("oldest") == wide[1].index("active")
+    narrow = status_table(_report(NOW, expired=0), POLICY, width=60).splitlines()
+    assert narrow[1] == "scoring_jobs       within_bounds  yes"
+    assert narrow[0] == "FAMILY             CLASSIFICATION GATES"
+    overall = next(n for n, line in enumerate(narrow) if line.startswith("overall: "))
+    # No two columns of the longest fit in 56: a measurement per line.
+    assert [line.strip() for line in narrow[2:overall]] == [
+        "active_count=7/max 50",
+        "oldest_active_age=42000ms/max 600000ms",
+        "quarantined_count=0/max 0",
+        "expired_lease_count=0/max 0",
+        "oldest_expired_lease_age=-",
+    ]
+    assert all(line.startswith("    ") for line in narrow[2:overall])
+
+
 def test_the_page_shows_bounds_in_words_and_escapes_everything() -> None:
     hostile = '<script>alert(1)</script>"'
     page = status_page(

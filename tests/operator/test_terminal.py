@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import pty
+import re
 import select
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -23,7 +27,9 @@ COLOUR = b"\x1b[32m"  # within_bounds
 
 
 def _watch(database_url: str, policy: Path, stdout: int, **env: str) -> subprocess.Popen[bytes]:
-    environment = {k: v for k, v in os.environ.items() if k != "NO_COLOR"} | env
+    # COLUMNS and LINES would override the terminal's own size.
+    inherited = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "COLUMNS", "LINES")}
+    environment = inherited | env
     return subprocess.Popen(
         [
             sys.executable,
@@ -103,6 +109,73 @@ def test_watch_on_a_terminal_redraws_in_place_coloured_unless_no_color(
     assert (COLOUR in output) is not no_color
     assert code == 130
     assert b"Traceback" not in stderr
+
+
+# Every measurement the test policy's four families show, as ``name=`` in the table.
+MEASUREMENTS = sorted(
+    [
+        "pending_count",
+        "oldest_pending_age",
+        "retrying_count",
+        "quarantined_count",
+        "active_count",
+        "oldest_active_age",
+        "quarantined_count",
+        "expired_lease_count",
+        "oldest_expired_lease_age",
+        "missing_count",
+        "oldest_missing_age",
+        "live_instance_count",
+        "instance_count",
+        "heartbeat_age",
+        "last_publish_age",
+        "unowned_lane_count",
+        "lane_count",
+        "oldest_ready_age",
+        "blocking_transaction_count",
+        "oldest_blocking_transaction_age",
+    ]
+)
+_ANSI = re.compile(rb"\x1b\[[0-9;]*[A-Za-z]")
+# One measurement as the table shows it: ``name=value`` and its bound, if any.
+_SHOWN = re.compile(r"\b([a-z_]+)=(?:-|\d+(?:ms)?)(?:/max \d+(?:ms)?)?(?=\s|$)")
+
+
+def _frame_on_a_terminal(database_url: str, policy: Path, columns: int) -> list[str]:
+    """The first table ``status --watch`` draws on a terminal ``columns`` wide, as lines."""
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    try:
+        process = _watch(database_url, policy, terminal, NO_COLOR="1")
+        os.close(terminal)
+        try:
+            output = _read_until(controller, CLEAR, 2)
+            code, stderr = _interrupt(process)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    finally:
+        os.close(controller)
+    assert code == 130, stderr
+    frame = _ANSI.sub(b"", output.split(CLEAR)[1]).decode()
+    return frame.replace("\r\n", "\n").rstrip("\n").split("\n")
+
+
+@pytest.mark.parametrize("columns", [80, 110, 200])
+def test_watch_lays_each_family_out_to_the_terminal_width(
+    database_url: str, tmp_path: Path, columns: int
+) -> None:
+    lines = _frame_on_a_terminal(database_url, write_policy(tmp_path), columns)
+    text = "\n".join(lines)
+    # Nothing the terminal would wrap: every line fits, so no measurement is cut mid-word.
+    assert max(len(line) for line in lines) <= columns, text
+    shown = [name for line in lines for name in _SHOWN.findall(line)]
+    assert sorted(shown) == MEASUREMENTS, text
+    if columns >= 200:
+        # Wide: the measurements stand in columns beside each other.
+        assert max(len(_SHOWN.findall(line)) for line in lines) >= 3, text
+    assert lines[0].startswith("FAMILY"), text
+    assert any(line.startswith("overall: ") for line in lines), text
 
 
 async def _quarantine(db: asyncpg.Connection, cause: str, keys: int, per_key: int) -> None:
