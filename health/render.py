@@ -1,7 +1,7 @@
 """Presenting a report: measurements, the IETF health+json document, a table, an HTML page.
 
 The page is one self-contained document: no script, nothing fetched from anywhere (styles
-inline, the chart inline SVG drawn here), so it reads the same from any host and in a
+inline, the charts inline SVG drawn here), so it reads the same from any host and in a
 browser with JavaScript off. Every value that reaches it is escaped.
 """
 
@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import datetime as dt
 import html
+import itertools
+import math
 import re
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -155,7 +158,8 @@ def status_table(
 
     Each family's measurements stand in as many aligned columns as fit beside it; when one
     would not fit there, every family's go below its line instead. A measurement is never
-    split, and reasons wrap between words. With ``policy`` a bounded value shows its bound
+    split, nor a reason (one longer than the width is the only line that is). With
+    ``policy`` a bounded value shows its bound
     (``expired_lease_count=1/max 0``); with ``colour`` the classification is coloured with
     ANSI codes (for a terminal only).
     """
@@ -190,16 +194,9 @@ def status_table(
             lines.extend(_BELOW + row for row in _columns(cells, width - len(_BELOW)))
             indent = _BELOW
         for reason in result.reasons:
-            lines.extend(
-                textwrap.wrap(
-                    reason,
-                    width,
-                    initial_indent=f"{indent}reason: ",
-                    subsequent_indent=indent + " " * len("reason: "),
-                    break_long_words=False,
-                    break_on_hyphens=False,
-                )
-            )
+            # Whole, never wrapped: docs/operations.md is searched by the reason as printed.
+            line = f"{indent}reason: {reason}"
+            lines.append(line if len(line) <= width else f"{_BELOW}reason: {reason}")
     if not report.families:
         lines.append("(every family is disabled in the policy)")
     lines.extend(
@@ -294,26 +291,33 @@ def status_page(
     history: History | None = None,
     runbook_url: str = "",
 ) -> str:
-    """The status page: per family its classification, observations against their bounds,
-    reasons in words, a runbook link and a chart of the history; every value escaped."""
-    sections = []
-    if report is not None:
-        for result in report.families:
-            points = history.points(result.family) if history is not None else ()
-            sections.append(
-                _family_section(result, policy, points, report.evaluated_at_unix_ms, runbook_url)
-            )
+    """The status page: the relay's publish rate, then per family its classification,
+    observations against their bounds, reasons in words, a runbook link and a chart of the
+    history; every value escaped."""
+    span = _span(history, report.evaluated_at_unix_ms if report is not None else None)
+    publishing = _publishing_section(history, span) if history is not None else ""
+    families = [
+        _family_section(
+            result,
+            policy,
+            history.points(result.family) if history is not None else (),
+            span,
+            runbook_url,
+        )
+        for result in (report.families if report is not None else ())
+    ]
     overall = report.classification.value if report is not None else "no evaluation yet"
     evaluated = _iso(report.evaluated_at_unix_ms) if report is not None else "&ndash;"
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="5">
+<meta name="viewport" content="width=device-width, initial-scale=1">
 <title>outbox-relay health</title>
 <style>{_STYLE}</style></head><body>
 <h1>outbox-relay health</h1>
 <p class="summary">overall: <strong class="{html.escape(overall)}">{html.escape(overall)}</strong>
 &middot; live: {"yes" if live else "no"} &middot; ready: {"yes" if ready else "no"}
 &middot; evaluated: {evaluated}</p>
-{"".join(sections) or f"<p>{_EMPTY[report is None]}</p>"}
+{publishing}{"".join(families) or f"<p>{_EMPTY[report is None]}</p>"}
 <p class="links"><a href="/health">/health</a> &middot; <a href="/metrics">/metrics</a> &middot;
 <a href="/readyz">/readyz</a> &middot; <a href="/livez">/livez</a></p>
 </body></html>
@@ -321,22 +325,29 @@ def status_page(
 
 
 _EMPTY = {True: "no evaluation has completed yet", False: "every family is disabled in the policy"}
-_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; max-width: 64em; }
-h1 { font-size: 1.4em; } h2 { font-size: 1.1em; margin: 0 0 .3em; }
-section.family { border: 1px solid #ccc; border-left-width: .5em; padding: .5em 1em; margin: .8em 0; }
-section.within_bounds { border-left-color: #3a3; } section.stalled { border-left-color: #c33; }
-section.unknown { border-left-color: #d9a400; }
-.classification { font-weight: normal; padding: 0 .4em; border-radius: .2em; }
-.within_bounds .classification, strong.within_bounds { background: #d8f5d8; }
-.stalled .classification, strong.stalled { background: #f8d0d0; }
-.unknown .classification, strong.unknown { background: #f5ecc8; }
-ul { margin: .3em 0; padding-left: 1.2em; } .meta, .legend { color: #555; font-size: .85em; }
-.meta, .legend { margin: .2em 0; } .reasons { color: #900; }
-.observation.over { color: #b00; }
-.body { display: flex; flex-wrap: wrap; gap: .5em 2em; align-items: flex-start; }
-.observations { flex: 1 1 20em; } .history { margin-left: auto; } svg { display: block; } .legend .backlog { color: #1f5fbf; }
-.legend .oldest { color: #c06000; }
+_BACKLOG, _OLDEST, _RATE = "#1f5fbf", "#c06000", "#2a7f62"
+_STYLE = f"""
+body {{ font-family: system-ui, sans-serif; margin: 1.5em; color: #222; max-width: 80em; }}
+h1 {{ font-size: 1.4em; }} h2 {{ font-size: 1.1em; margin: 0 0 .3em; }}
+section {{ border: 1px solid #ccc; border-left-width: .5em; padding: .5em 1em; margin: .8em 0; }}
+section.within_bounds {{ border-left-color: #3a3; }} section.stalled {{ border-left-color: #c33; }}
+section.unknown {{ border-left-color: #d9a400; }} section.publishing {{ border-left-color: {_RATE}; }}
+.classification {{ font-weight: normal; padding: 0 .4em; border-radius: .2em; }}
+.within_bounds .classification, strong.within_bounds {{ background: #d8f5d8; }}
+.stalled .classification, strong.stalled {{ background: #f8d0d0; }}
+.unknown .classification, strong.unknown {{ background: #f5ecc8; }}
+ul {{ margin: .3em 0; padding-left: 1.2em; }} .meta, .legend {{ color: #555; font-size: .85em; }}
+.meta, .legend {{ margin: .2em 0; }} .reasons {{ color: #900; }}
+.observation.over {{ color: #b00; }}
+.body {{ display: flex; flex-wrap: wrap; gap: .5em 2em; align-items: flex-start; }}
+.observations {{ flex: 1 1 18em; min-width: 0; }}
+.history {{ flex: 1 1 24em; min-width: 0; max-width: 30em; }}
+svg.chart {{ display: block; width: 100%; height: auto; }}
+@media (max-width: 40em) {{
+  body {{ margin: .8em; }} section {{ padding: .5em .6em; }}
+}}
+.legend .backlog {{ color: {_BACKLOG}; }} .legend .oldest {{ color: {_OLDEST}; }}
+.legend .rate {{ color: {_RATE}; }}
 """
 
 
@@ -344,7 +355,7 @@ def _family_section(
     result: FamilyResult,
     policy: Policy | None,
     points: Sequence[Point],
-    now_unix_ms: int,
+    span: _Span,
     runbook_url: str,
 ) -> str:
     family = html.escape(result.family.value)
@@ -362,7 +373,7 @@ def _family_section(
 <a class="runbook" href="{runbook}">runbook: {family}</a></p>
 {f'<ul class="reasons">{reasons}</ul>' if reasons else ""}
 <div class="body"><ul class="observations">{observations}</ul>
-<div class="history" style="width: {_WIDTH}px">{_chart(points, now_unix_ms)}</div></div>
+<div class="history">{_family_chart(points, span)}</div></div>
 </section>
 """
 
@@ -380,7 +391,55 @@ def _observation(result: FamilyResult, policy: Policy | None, m: Measurement) ->
     return f'<li class="observation{" over" if over else ""}" {attributes}>{text}</li>'
 
 
-_WIDTH, _PLOT, _BAND = 420, 56, 12
+def _publishing_section(history: History, span: _Span) -> str:
+    """The relay's publish rate: events per second between evaluations, from its
+    published-events counter; only a process that runs the relay has one."""
+    if not history.publishing:
+        return """<section class="publishing" id="publishing"><h2>publishing</h2>
+<p class="meta">this process runs no relay: each relay shows its publish rate on its own
+status page, and counts it in <code>outbox_relay_published_events_total</code> on its /metrics</p>
+</section>
+"""
+    rates = history.rates()
+    now = f"{_per_second(rates[-1].per_second)} events/s" if rates else "none yet"
+    peak = max((rate.per_second for rate in rates), default=None)
+    return f"""<section class="publishing" id="publishing"><h2>publishing</h2>
+<p class="meta">events the relay in this process published per second, between evaluations
+(<code>outbox_relay_published_events_total</code>)</p>
+<div class="body"><ul class="observations">
+<li>rate now <strong>{now}</strong></li>
+<li>peak <strong>{_per_second(peak) + " events/s" if peak is not None else "none yet"}</strong></li>
+<li>published since this process started <strong>{history.published()}</strong></li></ul>
+<div class="history">{_rate_chart(history, span)}</div></div>
+</section>
+"""
+
+
+def _per_second(value: float) -> str:
+    return f"{value:.0f}" if value >= 10 else f"{value:.2g}"
+
+
+# -- charts: inline SVG, drawn here ------------------------------------------------------------
+_MIN_SPAN_MS = 1000
+# The chart's own units; the page scales it to its box, which is about as wide in a narrow
+# window, so its text stays the size the page's is.
+_VIEW_WIDTH = 400
+# Room for the value scales' labels, on both sides of every chart, so that the time axes
+# of a page's charts line up.
+_LEFT_AXIS, _RIGHT_AXIS = 44, 56
+_TOP, _PLOT_HEIGHT, _BAND_HEIGHT, _TIME_AXIS = 8, 80, 8, 18
+_FONT = 12
+_MAX_INTERVALS = 4
+"""A value scale has at most this many steps between 0 and its top."""
+_TIME_STEPS_MS = tuple(s * 1000 for s in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900))
+_MAX_TIME_TICKS = 5
+_DURATION_STEPS_MS = (
+    *(10, 20, 50, 100, 200, 500),
+    *(s * 1000 for s in (1, 2, 5, 10, 15, 30)),
+    *(m * 60_000 for m in (1, 2, 5, 10, 15, 30)),
+    *(h * 3_600_000 for h in (1, 2, 3, 6, 12)),
+)
+_DAY_MS = 86_400_000
 _BAND_COLOURS = {
     Classification.WITHIN_BOUNDS: "#5b5",
     Classification.STALLED: "#d33",
@@ -388,72 +447,249 @@ _BAND_COLOURS = {
 }
 
 
-def _chart(points: Sequence[Point], now_unix_ms: int) -> str:
-    """The last 15 minutes as inline SVG: backlog and oldest age lines over a band coloured
-    by classification. Each line is scaled to its own peak, which the legend states."""
+@dataclass(frozen=True)
+class _Span:
+    """The time every chart on the page covers: from the oldest evaluation kept (at most
+    the window back) to the latest."""
+
+    start: int
+    end: int
+
+    @property
+    def ms(self) -> int:
+        return self.end - self.start
+
+
+def _span(history: History | None, now: int | None) -> _Span:
+    if now is None:  # no evaluation yet, so no history to draw either
+        return _Span(-_MIN_SPAN_MS, 0)
+    since = history.since_unix_ms() if history is not None else None
+    start = max(now - WINDOW_MS, since if since is not None else now)
+    return _Span(min(start, now - _MIN_SPAN_MS), now)
+
+
+@dataclass(frozen=True)
+class _Series:
+    """One line of a chart and the value scale it is drawn against."""
+
+    name: str
+    """The line's class: backlog, oldest or rate."""
+    colour: str
+    values: Sequence[tuple[int, float | None]]
+    steps: Callable[[], Iterator[float]]
+    """The candidate steps of its scale, smallest first."""
+    tick: Callable[[float], str]
+    dash: str = ""
+
+    @property
+    def peak(self) -> float | None:
+        return max((v for _, v in self.values if v is not None), default=None)
+
+
+def _one_two_five(lowest_power: int) -> Callable[[], Iterator[float]]:
+    def steps() -> Iterator[float]:
+        for power in itertools.count(lowest_power):
+            for mantissa in (1, 2, 5):
+                yield mantissa * 10.0**power
+
+    return steps
+
+
+def _duration_steps() -> Iterator[float]:
+    yield from _DURATION_STEPS_MS
+    for days in _one_two_five(0)():
+        yield days * _DAY_MS
+
+
+def _scale(series: _Series, intervals: int | None = None) -> tuple[float, int]:
+    """A scale for the series' values: its step and how many steps reach from 0 to past its
+    peak; with ``intervals``, exactly that many (so a second scale shares the first's grid)."""
+    peak = series.peak or 0.0
+    for step in series.steps():
+        count = intervals or max(1, math.ceil(peak / step))
+        if count <= _MAX_INTERVALS and step * count >= peak:
+            return step, count
+    raise AssertionError("the steps never end")
+
+
+def _short_duration(ms: float) -> str:
+    for unit, size in (("d", _DAY_MS), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms >= size:
+            return f"{round(ms / size, 3):g} {unit}"
+    return f"{ms:g} ms" if ms else "0"
+
+
+def _short_count(value: float) -> str:
+    for unit, size in (("M", 1e6), ("k", 1e4)):
+        if value >= size:
+            return f"{round(value / (size if unit == 'M' else 1e3), 3):g}{unit}"
+    return f"{round(value, 3):g}"
+
+
+def _family_chart(points: Sequence[Point], span: _Span) -> str:
+    """A family's history: its backlog (left scale) and oldest age (right scale) over a band
+    coloured by each evaluation's classification."""
     if not points:
         return '<p class="legend">no history yet</p>'
-    start = now_unix_ms - WINDOW_MS
-
-    def x(at: int) -> float:
-        return round(_WIDTH * max(0, at - start) / WINDOW_MS, 1)
-
-    band = []
-    for point, following in zip(points, [*points[1:], None], strict=True):
-        left = x(point.at_unix_ms)
-        right = x(following.at_unix_ms) if following is not None else _WIDTH
-        value = html.escape(point.classification.value)
-        band.append(
-            f'<rect class="band {value}" x="{left}" y="{_PLOT + 4}" '
-            f'width="{max(right - left, 1.0)}" height="{_BAND}" '
-            f'fill="{_BAND_COLOURS[point.classification]}"><title>{value}</title></rect>'
-        )
-    backlog = [(p.at_unix_ms, p.backlog) for p in points]
-    oldest = [(p.at_unix_ms, p.oldest_ms) for p in points]
-    backlog_peak = max((v for _, v in backlog if v is not None), default=None)
-    oldest_peak = max((v for _, v in oldest if v is not None), default=None)
-    lines = _polylines("backlog", "#1f5fbf", "", backlog, backlog_peak, x)
-    lines += _polylines("oldest", "#c06000", ' stroke-dasharray="4 2"', oldest, oldest_peak, x)
+    backlog = _Series(
+        "backlog",
+        _BACKLOG,
+        [(p.at_unix_ms, p.backlog) for p in points],
+        _one_two_five(0),
+        _short_count,
+    )
+    oldest = _Series(
+        "oldest",
+        _OLDEST,
+        [(p.at_unix_ms, p.oldest_ms) for p in points],
+        _duration_steps,
+        _short_duration,
+        dash=' stroke-dasharray="4 2"',
+    )
+    shown = [s for s in (backlog, oldest) if s.peak is not None]
     legend = []
-    if backlog_peak is not None:
-        legend.append(f'<span class="backlog">&#9472; backlog (peak {backlog_peak})</span>')
-    if oldest_peak is not None:
+    if backlog.peak is not None:
+        legend.append(f'<span class="backlog">&#9472; backlog (peak {backlog.peak:g})</span>')
+    if oldest.peak is not None:
         legend.append(
-            f'<span class="oldest">&#9476; oldest age (peak {duration(oldest_peak)})</span>'
+            f'<span class="oldest">&#9476; oldest age (peak {duration(int(oldest.peak))})</span>'
         )
-    legend.append("band: classification &middot; last 15 min, now at the right")
-    height = _PLOT + _BAND + 8
-    return (
-        f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" '
-        f'height="{height}" viewBox="0 0 {_WIDTH} {height}" role="img" '
-        f'aria-label="last 15 minutes">'
-        f'<rect x="0" y="0" width="{_WIDTH}" height="{height}" fill="#f7f7f7"/>'
-        f"{''.join(band)}{lines}</svg>"
+    legend.append("band: classification")
+    return _chart(span, shown, points, "backlog, oldest age and classification") + (
         f'<p class="legend">{" &middot; ".join(legend)}</p>'
     )
 
 
-def _polylines(
-    name: str,
-    colour: str,
-    dash: str,
-    series: Sequence[tuple[int, int | None]],
-    peak: int | None,
-    x: Callable[[int], float],
+def _rate_chart(history: History, span: _Span) -> str:
+    rates = history.rates()
+    if not rates:
+        return '<p class="legend">no rate yet: it needs two evaluations</p>'
+    series = _Series(
+        "rate",
+        _RATE,
+        [(rate.at_unix_ms, rate.per_second) for rate in rates],
+        lambda: (
+            itertools.chain((1.0,), _one_two_five(0)())
+            if not any(rate.per_second for rate in rates)
+            else _one_two_five(-2)()
+        ),
+        _short_count,
+    )
+    extra = f' data-published="{history.published()}"'
+    return _chart(span, [series], None, "events published per second", extra) + (
+        '<p class="legend"><span class="rate">&#9472; events/s</span></p>'
+    )
+
+
+def _chart(
+    span: _Span,
+    series: Sequence[_Series],
+    band: Sequence[Point] | None,
+    what: str,
+    extra: str = "",
 ) -> str:
-    """One polyline per unbroken run of values (a missing value breaks the line)."""
-    if peak is None:
-        return ""
-    runs: list[list[str]] = [[]]
-    for at, value in series:
+    """Up to two lines (the first on a left scale, the second on a right one) and a band,
+    over a time axis from ``span.start`` (left) to ``span.end`` (right, "now")."""
+    left = _LEFT_AXIS
+    plot_width = _VIEW_WIDTH - left - _RIGHT_AXIS
+    plot_height = _PLOT_HEIGHT if series else _BAND_HEIGHT
+    band_top = _TOP + plot_height + 3 if series else _TOP
+    axis_top = band_top + (_BAND_HEIGHT if band is not None else 0)
+    height = axis_top + _TIME_AXIS
+
+    def x(at: int) -> float:
+        return round(left + plot_width * max(0, at - span.start) / max(span.ms, 1), 1)
+
+    parts = [
+        f'<rect class="plot" x="{left}" y="{_TOP}" width="{plot_width}" '
+        f'height="{plot_height}" fill="#f7f7f7"/>'
+    ]
+    intervals: int | None = None
+    peaks = []
+    for side, line in enumerate(series):
+        step, intervals = _scale(line, intervals)
+        top = step * intervals
+        peaks.append(f' data-{line.name}-peak="{line.peak:g}"')
+
+        def y(value: float, top: float = top) -> float:
+            # An age from a clock that went back is negative: drawn at 0, not below the plot.
+            return round(_TOP + plot_height * (1 - max(value, 0) / top), 1)
+
+        for n in range(intervals + 1):
+            value = step * n
+            if side == 0:
+                parts.append(
+                    f'<line x1="{left}" x2="{left + plot_width}" y1="{y(value)}" '
+                    f'y2="{y(value)}" stroke="#e0e0e0"/>'
+                )
+            anchor, at = ("end", left - 4) if side == 0 else ("start", left + plot_width + 4)
+            parts.append(
+                f'<text class="tick value {line.name}" data-value="{value:g}" x="{at}" '
+                f'y="{y(value) + 4}" text-anchor="{anchor}" font-size="{_FONT}" '
+                f'fill="{line.colour}">{html.escape(line.tick(value))}</text>'
+            )
+        parts.append(_polylines(line, x, y))
+    if band is not None:
+        parts.extend(_band(band, x, band_top, left + plot_width))
+    parts.extend(_time_axis(span, left, plot_width, axis_top))
+    title = f"{what} over the last {duration(span.ms)}"
+    return (
+        f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{_VIEW_WIDTH}" '
+        f'height="{height}" viewBox="0 0 {_VIEW_WIDTH} {height}" role="img" '
+        f'aria-label="{html.escape(title)}" data-from-unix-ms="{span.start}" '
+        f'data-to-unix-ms="{span.end}"{"".join(peaks)}{extra}>'
+        f"<title>{html.escape(title)}</title>{''.join(parts)}</svg>"
+    )
+
+
+def _band(points: Sequence[Point], x: Callable[[int], float], top: int, right: float) -> list[str]:
+    """One rectangle per evaluation, coloured by its classification, up to the next one."""
+    band = []
+    for point, following in zip(points, [*points[1:], None], strict=True):
+        end = x(following.at_unix_ms) if following is not None else right
+        # The latest evaluation is at the right edge: it still shows, inside the plot.
+        start = min(x(point.at_unix_ms), right - 1)
+        value = html.escape(point.classification.value)
+        band.append(
+            f'<rect class="band {value}" x="{start}" y="{top}" '
+            f'width="{round(max(end - start, 1.0), 1)}" height="{_BAND_HEIGHT}" '
+            f'fill="{_BAND_COLOURS[point.classification]}" shape-rendering="crispEdges">'
+            f"<title>{value}</title></rect>"
+        )
+    return band
+
+
+def _time_axis(span: _Span, left: int, width: int, top: int) -> list[str]:
+    """Ticks at whole steps before now, labelled by how long ago they were."""
+    step = next((s for s in _TIME_STEPS_MS if span.ms // s < _MAX_TIME_TICKS), _TIME_STEPS_MS[-1])
+    ticks = []
+    for ago in range(span.ms // step * step, -1, -step):
+        at = round(left + width * (1 - ago / max(span.ms, 1)), 1)
+        text = "now" if ago == 0 else f"&minus;{_short_duration(ago)}"
+        anchor = "end" if ago == 0 else "middle"
+        ticks.append(
+            f'<line x1="{at}" x2="{at}" y1="{top}" y2="{top + 3}" stroke="#888"/>'
+            f'<text class="tick time" data-ago-ms="{ago}" x="{at}" y="{top + 14}" '
+            f'text-anchor="{anchor}" font-size="{_FONT}" fill="#555">{text}</text>'
+        )
+    return ticks
+
+
+def _polylines(series: _Series, x: Callable[[int], float], y: Callable[[float], float]) -> str:
+    """One polyline per unbroken run of values (a missing value breaks the line); a value
+    alone between two missing ones is a dot."""
+    runs: list[list[tuple[float, float]]] = [[]]
+    for at, value in series.values:
         if value is None:
             runs.append([])
             continue
-        y = _PLOT - (_PLOT - 2) * value / peak if peak > 0 else _PLOT
-        runs[-1].append(f"{x(at)},{round(y, 1)}")
+        runs[-1].append((x(at), y(value)))
     return "".join(
-        f'<polyline class="{name}" fill="none" stroke="{colour}" stroke-width="1.5"{dash} '
-        f'points="{" ".join(run)}"/>'
+        f'<polyline class="{series.name}" fill="none" stroke="{series.colour}" '
+        f'stroke-width="1.5"{series.dash} points="{" ".join(f"{a},{b}" for a, b in run)}"/>'
+        if len(run) > 1
+        else f'<circle class="{series.name}" cx="{run[0][0]}" cy="{run[0][1]}" r="2" '
+        f'fill="{series.colour}"/>'
         for run in runs
         if run
     )

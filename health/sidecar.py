@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol, Self
 
@@ -109,6 +110,7 @@ class HealthSidecar:
         database_retry_max_ms: int = DATABASE_RETRY_MAX_MS,
         transaction_pooler: bool = False,
         runbook_url: str = "",
+        published: Callable[[], int] | None = None,
     ) -> None:
         if database_retry_max_ms < 0:
             raise HealthSettingError("the database retry back-off cap must not be negative")
@@ -137,7 +139,10 @@ class HealthSidecar:
         )
         self._last: tuple[HealthReport, float] | None = None
         # The status page's chart: aggregates of the last minutes, in memory only.
-        self._history = History(interval_ms=settings.interval_ms)
+        # The in-process relay's published-events counter, read at each evaluation for the
+        # status page's publish rate; None without a relay in this process.
+        self._published = published
+        self._history = History(interval_ms=settings.interval_ms, publishing=published is not None)
         self._runbook_url = runbook_url
         # Each family's classification as last logged (outages are logged as one line).
         self._logged: dict[Family, Classification] = {}
@@ -298,7 +303,9 @@ class HealthSidecar:
 
     def _record(self, report: HealthReport) -> None:
         self._last = (report, asyncio.get_running_loop().time())
-        self._history.record(report)
+        self._history.record(
+            report, published=self._published() if self._published is not None else None
+        )
         self._counters.evaluations += 1
         for result in report.families:
             if result.evidence is None:

@@ -15,6 +15,7 @@ from functools import partial
 import anyio
 from prometheus_client import (
     CollectorRegistry,
+    Counter,
     Gauge,
     GCCollector,
     PlatformCollector,
@@ -55,6 +56,7 @@ async def run_service(settings: ServiceSettings) -> int:
         database_retry_max_ms=settings.sidecar.database_retry_max_ms,
         transaction_pooler=settings.transaction_pooler,
         runbook_url=settings.runbook_url,
+        published=partial(_count, relay.metrics.published) if relay is not None else None,
     )
     async with sidecar, anyio.create_task_group() as tasks:
         tasks.start_soon(_watch_signals, stop, tasks.cancel_scope, relay is not None)
@@ -118,6 +120,16 @@ def register_process_metrics(registry: CollectorRegistry) -> None:
         ["version"],
         registry=registry,
     ).labels(version=__version__).set(1)
+
+
+def _count(counter: Counter) -> int:
+    """A counter's value now, read through its public ``collect``."""
+    return next(
+        int(sample.value)
+        for metric in counter.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total")
+    )
 
 
 def _as_gauge(check: Callable[[], bool]) -> float:

@@ -65,8 +65,10 @@ async def test_unreachable_database_exits_3_without_leaking_the_url() -> None:
 
 async def test_status_is_a_readable_table(database_url: str, db: asyncpg.Connection) -> None:
     await insert_job(db, "queued")
+    # Wide enough for every family's measurements beside it (tests/operator/test_terminal.py
+    # has the narrower layouts).
     text, code = await status(
-        database_url, loose_policy(), receipt_retention_ms=RECEIPT_RETENTION_MS
+        database_url, loose_policy(), receipt_retention_ms=RECEIPT_RETENTION_MS, width=200
     )
     assert code == 0
     lines = text.splitlines()

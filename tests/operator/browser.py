@@ -29,6 +29,26 @@ _UNROUTABLE_PROXY = "127.0.0.1:9"  # discard port: nothing listens, every fetch 
 
 
 @dataclass(frozen=True)
+class Box:
+    """Where an element was laid out, in CSS pixels from the page's top left."""
+
+    left: float
+    top: float
+    width: float
+    height: float
+
+    @property
+    def right(self) -> float:
+        """The box's right edge."""
+        return self.left + self.width
+
+    @property
+    def bottom(self) -> float:
+        """The box's bottom edge."""
+        return self.top + self.height
+
+
+@dataclass(frozen=True)
 class Rendered:
     """What the browser made of one page."""
 
@@ -36,6 +56,12 @@ class Rendered:
     png: bytes
     requested: tuple[str, ...]
     """Every URL the page requested, in order."""
+    viewport_width: float
+    """The width the page was laid out in."""
+    content_width: float
+    """The width of what the page laid out: wider than the viewport means it scrolls sideways."""
+    boxes: dict[str, tuple[Box, ...]]
+    """The boxes of the elements each CSS selector asked for matched, in document order."""
 
 
 def chromium() -> str | None:
@@ -87,8 +113,11 @@ class _Pipe:
         return message
 
 
-def render(url: str, *, width: int = 1000, timeout: float = 120.0) -> Rendered:
-    """Load ``url`` with script and network off; its DOM, a full-page PNG and its requests."""
+def render(
+    url: str, *, width: int = 1000, timeout: float = 120.0, selectors: tuple[str, ...] = ()
+) -> Rendered:
+    """Load ``url`` with script and network off in a window ``width`` CSS pixels wide; its
+    DOM, a full-page PNG, its requests and the boxes of the elements ``selectors`` match."""
     binary = chromium()
     if binary is None:
         raise RuntimeError("chromium is not installed (scripts/tools.sh ensure chromium)")
@@ -130,7 +159,7 @@ def render(url: str, *, width: int = 1000, timeout: float = 120.0) -> Rendered:
         os.close(from_browser_w)
         pipe = _Pipe(process, to_browser_w, from_browser_r)
         try:
-            return _drive(pipe, url, width, timeout)
+            return _drive(pipe, url, width, timeout, selectors)
         finally:
             _close(process, pipe)
             os.close(to_browser_w)
@@ -149,7 +178,9 @@ def _close(process: subprocess.Popen[bytes], pipe: _Pipe) -> None:
     process.wait(timeout=30)
 
 
-def _drive(pipe: _Pipe, url: str, width: int, timeout: float) -> Rendered:
+def _drive(
+    pipe: _Pipe, url: str, width: int, timeout: float, selectors: tuple[str, ...]
+) -> Rendered:
     deadline = time.monotonic() + timeout
     while True:
         targets = pipe.call("Target.getTargets")["targetInfos"]
@@ -163,6 +194,15 @@ def _drive(pipe: _Pipe, url: str, width: int, timeout: float) -> Rendered:
         "sessionId"
     ]
     pipe.call("Emulation.setScriptExecutionDisabled", session, value=True)
+    # The layout width exactly, whatever the window around it takes up.
+    pipe.call(
+        "Emulation.setDeviceMetricsOverride",
+        session,
+        width=width,
+        height=800,
+        deviceScaleFactor=1,
+        mobile=False,
+    )
     pipe.call("Network.enable", session)
     pipe.call("Page.enable", session)
     pipe.events.clear()
@@ -170,17 +210,47 @@ def _drive(pipe: _Pipe, url: str, width: int, timeout: float) -> Rendered:
     pipe.wait_event("Page.loadEventFired", max(1.0, deadline - time.monotonic()))
     root = pipe.call("DOM.getDocument", session, depth=-1)["root"]
     dom = pipe.call("DOM.getOuterHTML", session, nodeId=root["nodeId"])["outerHTML"]
-    metrics = pipe.call("Page.getLayoutMetrics", session)["cssContentSize"]
+    layout = pipe.call("Page.getLayoutMetrics", session)
+    metrics = layout["cssContentSize"]
+    boxes = {
+        selector: tuple(
+            _box(pipe, session, node)
+            for node in pipe.call(
+                "DOM.querySelectorAll", session, nodeId=root["nodeId"], selector=selector
+            )["nodeIds"]
+        )
+        for selector in selectors
+    }
     shot = pipe.call(
         "Page.captureScreenshot",
         session,
         format="png",
         captureBeyondViewport=True,
-        clip={"x": 0, "y": 0, "width": width, "height": metrics["height"], "scale": 1},
+        clip={
+            "x": 0,
+            "y": 0,
+            "width": max(width, metrics["width"]),
+            "height": metrics["height"],
+            "scale": 1,
+        },
     )["data"]
     requested = tuple(
         e["params"]["request"]["url"]
         for e in pipe.events
         if e.get("method") == "Network.requestWillBeSent"
     )
-    return Rendered(dom=dom, png=base64.b64decode(shot), requested=requested)
+    return Rendered(
+        dom=dom,
+        png=base64.b64decode(shot),
+        requested=requested,
+        viewport_width=layout["cssLayoutViewport"]["clientWidth"],
+        content_width=metrics["width"],
+        boxes=boxes,
+    )
+
+
+def _box(pipe: _Pipe, session: str, node: int) -> Box:
+    # The border quad: x, y of its four corners, clockwise from the top left.
+    quad = pipe.call("DOM.getBoxModel", session, nodeId=node)["model"]["border"]
+    xs, ys = quad[0::2], quad[1::2]
+    return Box(min(xs), min(ys), max(xs) - min(xs), max(ys) - min(ys))
