@@ -1,4 +1,10 @@
-"""The package's exceptions; every one derives from :class:`OutboxRelayError`."""
+"""The root of the product's error tree, and the errors more than one part raises.
+
+Every exception the product raises on purpose derives from :class:`OutboxRelayError`; each
+part's own sit under a root of their own there (``relay.errors.RelayError``,
+``health.errors.HealthError``, ``scoring.errors.ScoringWriteError``,
+``migrations.grants.GrantError``).
+"""
 
 from __future__ import annotations
 
@@ -17,10 +23,6 @@ class DatabaseUnavailable(OutboxRelayError):
 
 class MigrationError(OutboxRelayError):
     """A migration file set or the database's migration record is inconsistent."""
-
-
-class BrokerUnavailable(OutboxRelayError):
-    """Kafka could not be reached; the message never carries credentials."""
 
 
 class SchemaNotMigrated(OutboxRelayError):

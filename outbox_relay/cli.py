@@ -23,7 +23,6 @@ from contracts import __version__
 from contracts.errors import (
     ConfigError,
     DatabaseUnavailable,
-    MigrationError,
     OutboxRelayError,
     SchemaNotMigrated,
 )
@@ -54,6 +53,7 @@ from outbox_relay.settings import (
     Settings,
 )
 from pgconnect import connect, connection_options, describe_target
+from relay.errors import RelayError
 from relay.redrive import preview, redrive
 
 log = logging.getLogger("outbox_relay")
@@ -114,12 +114,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _configure_logging(resolve_logging(args))
         return _run(resolve(args))
-    except ConfigError as exc:
+    except (ConfigError, DatabaseUnavailable, SchemaNotMigrated) as exc:
         return _fail(usage_exit, str(exc))
-    except (DatabaseUnavailable, SchemaNotMigrated) as exc:
-        return _fail(usage_exit, str(exc))
-    except MigrationError as exc:
-        return _fail(EXIT_FAILURE, str(exc))
+    except RelayError as exc:
+        # The relay's signals end inside it (relay/errors.py): one that gets here is a
+        # defect, and its text may hold a row's content.
+        return _died(args.verb, exc)
     except OutboxRelayError as exc:
         return _fail(EXIT_FAILURE, str(exc))
     except KeyboardInterrupt:
@@ -138,12 +138,17 @@ def _run(settings: Settings) -> int:
     except BaseExceptionGroup as group:
         # A task group's failure: a configuration error inside it (else another error of
         # ours) is still its one line.
-        ours: BaseException | None = group.subgroup(ConfigError) or group.subgroup(OutboxRelayError)
+        ours: BaseException | None = group.subgroup(ConfigError) or group.subgroup(_told)
         while isinstance(ours, BaseExceptionGroup):
             ours = ours.exceptions[0]
         if ours is None:
             raise
         raise ours from None
+
+
+def _told(exc: BaseException) -> bool:
+    """An error whose message is the operator's one line (the relay's signals are not)."""
+    return isinstance(exc, OutboxRelayError) and not isinstance(exc, RelayError)
 
 
 def _died(verb: str, exc: BaseException) -> int:

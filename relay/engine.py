@@ -35,6 +35,7 @@ from contracts.errors import DatabaseUnavailable
 from contracts.unexpected import log_unexpected, raised_at
 from pgconnect import DB_ERRORS, unavailable_cause
 from relay.config import RelayConfig
+from relay.errors import RelayError, Stopped
 from relay.housekeeping import OBSERVE_EVERY_MS, Housekeeping, run_rounds
 from relay.inflight import InFlightWindow
 from relay.lanes import LaneKeeper
@@ -54,7 +55,7 @@ from relay.retry import (
     refused_for_content,
     retry_delay_ms,
 )
-from relay.stopping import Stopped, unless_stopped
+from relay.stopping import unless_stopped
 from relay.store import OutboxStore, Recorded, RelayStore, StoreFactory, create_relay_pool
 from relay.wakeups import NotificationListener, WakeUp, listen_plan
 
@@ -65,7 +66,7 @@ log = logging.getLogger(__name__)
 _Unit = PublishedGroup | tuple[FailedRow, int]
 
 
-class _RefusedForContent(Exception):
+class _RefusedForContent(RelayError):
     """The database refused an outcome's statement for the rows it carries."""
 
     def __init__(self, sqlstate: str) -> None:

@@ -14,12 +14,13 @@ from aiokafka import AIOKafkaProducer
 
 from relay.broker_check import bootstrap_failure
 from relay.config import RelayConfig
+from relay.errors import ProducerWasReset, Stopped
 from relay.kafka_internals import check_kafka_internals
-from relay.producer_reset import ProducerReset, ProducerWasReset
+from relay.producer_reset import ProducerReset
 from relay.publisher import BatchPublisher, Submission
 from relay.records import KafkaRecord, OutboxRow
 from relay.retry import backoff_ms, classify_failure
-from relay.stopping import Stopped, unless_stopped
+from relay.stopping import unless_stopped
 from relay.topics import MAX_BATCH_BYTES, TopicCatalog
 
 log = logging.getLogger(__name__)

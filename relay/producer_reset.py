@@ -37,10 +37,6 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from relay.retry import ProducerWasReset
-
-__all__ = ["ProducerReset", "ProducerWasReset"]
-
 log = logging.getLogger(__name__)
 
 _LINGER_ZERO = struct.pack("ii", 1, 0)

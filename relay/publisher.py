@@ -25,9 +25,9 @@ from aiokafka import errors as kafka_errors
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.producer.message_accumulator import BatchBuilder
 
+from relay.errors import BatchTooLarge, PredecessorFailed, RecordRejected
 from relay.outcome import Acknowledgement, Landed
-from relay.records import KafkaRecord, OutboxRow, RecordRejected
-from relay.retry import BatchTooLarge, PredecessorFailed
+from relay.records import KafkaRecord, OutboxRow
 from relay.topics import TopicCatalog
 
 _PARTITION_CACHE_LIMIT = 200_000

@@ -9,6 +9,8 @@ from typing import NamedTuple
 
 import msgspec
 
+from relay.errors import RecordRejected
+
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 # Headers the relay sets itself; a row's own headers may not replace them, in any case
 # (consumers look header names up case-insensitively more often than not).
@@ -46,14 +48,6 @@ MAX_FETCHED_ROW_BYTES = 5 * MAX_RECORD_BYTES
 _TRACEPARENT_VOID_VERSION = "ff"
 _ZERO_TRACE_ID = "0" * 32
 _ZERO_PARENT_ID = "0" * 16
-
-
-class RecordRejected(Exception):
-    """The row cannot become a valid Kafka record; ``cause`` is a stable error class."""
-
-    def __init__(self, cause: str, detail: str) -> None:
-        super().__init__(f"{cause}: {detail}")
-        self.cause = cause
 
 
 class OutboxRow(NamedTuple):

@@ -8,28 +8,14 @@ from dataclasses import dataclass
 import asyncpg
 from aiokafka import errors as kafka_errors
 
-from relay.records import RecordRejected
-
-
-class PredecessorFailed(Exception):
-    """An earlier batch of the same partition failed, so this one was not handed over."""
-
-
-class TopicNotFound(Exception):
-    """The broker answered without the topic, and does not create it."""
-
-
-class TopicLookupPending(Exception):
-    """The topic's first metadata lookup has not answered yet; it goes on in the background."""
-
-
-class BatchTooLarge(Exception):
-    """The broker refused a batch of several records as too large for its topic: no one
-    record was shown too large; the batch limit was lowered and they are sent again."""
-
-
-class ProducerWasReset(Exception):
-    """The relay gave up on these records and reset the producer; they are retried."""
+from relay.errors import (
+    BatchTooLarge,
+    PredecessorFailed,
+    ProducerWasReset,
+    RecordRejected,
+    TopicLookupPending,
+    TopicNotFound,
+)
 
 
 @dataclass(frozen=True, slots=True)

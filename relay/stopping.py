@@ -7,11 +7,9 @@ from typing import TypeVar
 
 import anyio
 
+from relay.errors import Stopped
+
 T = TypeVar("T")
-
-
-class Stopped(Exception):
-    """The stop came before the step raced with it (:func:`unless_stopped`) finished."""
 
 
 async def unless_stopped(stop: anyio.Event, step: Callable[[], Awaitable[T]]) -> T:

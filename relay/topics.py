@@ -40,7 +40,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from relay.config import RelayConfig
-from relay.retry import TopicLookupPending, TopicNotFound
+from relay.errors import TopicLookupPending, TopicNotFound
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from relay.config import RelayConfig
+from relay.errors import PredecessorFailed
 from relay.publisher import BatchPublisher, Submission
 from relay.records import KafkaRecord
-from relay.retry import HELD_BEHIND_FAILURE, RECORD_TOO_LARGE, PredecessorFailed, classify_failure
+from relay.retry import HELD_BEHIND_FAILURE, RECORD_TOO_LARGE, classify_failure
 from relay.topics import TopicCatalog
 from tests.unit.test_records import make_row
 

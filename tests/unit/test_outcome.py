@@ -7,9 +7,10 @@ import asyncio
 
 from aiokafka import errors as kafka_errors
 
+from relay.errors import RecordRejected
 from relay.outcome import Acknowledgement, FailedRow, Landed, PublishedGroup, sort_outcome
 from relay.publisher import HoldLedger, SubmittedBatch
-from relay.records import OutboxRow, RecordRejected
+from relay.records import OutboxRow
 from relay.retry import BROKER_TIMEOUT, BROKER_UNAVAILABLE, PRODUCER_STATE, FailureClass
 from tests.unit.test_records import make_row
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from relay.errors import RecordRejected
 from relay.records import (
     MAX_FETCHED_ROW_BYTES,
     MAX_RECORD_BYTES,
@@ -16,7 +17,6 @@ from relay.records import (
     KafkaRecord,
     OutboxRow,
     RecordMapper,
-    RecordRejected,
     record_size,
 )
 

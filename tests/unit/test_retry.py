@@ -8,17 +8,14 @@ import re
 import pytest
 from aiokafka import errors as kafka_errors
 
-from relay.records import RecordRejected
+from relay.errors import BatchTooLarge, RecordRejected, TopicLookupPending, TopicNotFound
 from relay.retry import (
     BROKER_UNAVAILABLE,
     HELD_BEHIND_FAILURE,
     NOT_BROKER_FAILURES,
     PRODUCER_STATE,
     RECORD_TOO_LARGE,
-    BatchTooLarge,
     FailureClass,
-    TopicLookupPending,
-    TopicNotFound,
     backoff_ms,
     classify_failure,
     retry_delay_ms,
