@@ -9,12 +9,11 @@ import msgspec
 
 from contracts.errors import ConfigError
 from contracts.policy import EvaluationSettings, Family, Policy
+from contracts.ranges import MAX_SETTING
 from health.families import REGISTRY
 
 _EVALUATION = "evaluation"
 _KNOWN_TOP = frozenset([*(f.value for f in Family), _EVALUATION])
-# Bounds this large are typos, and they would overflow PostgreSQL's bigint intervals.
-_MAX_BOUND = 10**15
 
 S = TypeVar("S", bound=msgspec.Struct)
 
@@ -112,7 +111,8 @@ def _check_type(section: str, key: str, value: object, expected: object) -> None
         raise ConfigError(f"policy: [{section}] {key} must be an integer")
     if value < 0:
         raise ConfigError(f"policy: [{section}] {key} must not be negative")
-    if value > _MAX_BOUND:
+    # The same ceiling as every setting's (contracts/ranges.py).
+    if value > MAX_SETTING:
         raise ConfigError(f"policy: [{section}] {key} is too large")
 
 

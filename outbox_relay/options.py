@@ -4,7 +4,8 @@
 default and its help; the command line is generated from it and ``tests/unit`` holds the
 README's configuration table to it. A flag wins over its variable, and an empty variable
 counts as unset. The relay's defaults are :class:`~relay.config.RelayConfig`'s own fields,
-read here rather than written again.
+and every integer flag's range is the one declared on the settings field it fills
+(contracts/ranges.py), read here rather than written again.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from typing import Any, TypeVar
 
 from contracts.errors import ConfigError
 from contracts.policy import Policy
+from contracts.ranges import check_range, ranges
 from health.families.completion_tracker import RECHECK_PERIOD_MS
 from health.policy import load_policy
 from health.sidecar import DATABASE_RETRY_MAX_MS, HTTP_MAX_CONNECTIONS
 from migrations.grants import parse_parts
 from outbox_relay.settings import (
-    FLAG_RANGES,
     DemoOptions,
     GrantSettings,
     HealthReportSettings,
@@ -37,15 +38,7 @@ from outbox_relay.settings import (
 )
 from outbox_relay.transport import UnverifiedPath, refusal, unverified_kafka, unverified_postgres
 from pgconnect import POOLERS, TRANSACTION_POOLER, check_driver_settings, validate_database_url
-from relay.config import (
-    MAX_SETTING,
-    RANGES,
-    KafkaSecurity,
-    RelayConfig,
-    check_range,
-    new_instance_id,
-    require_utf8,
-)
+from relay.config import KafkaSecurity, RelayConfig, new_instance_id, require_utf8
 from relay.redrive import RedriveFilter
 
 MIGRATE, RUN, CHECK, STATUS, REDRIVE, DEMO = "migrate", "run", "check", "status", "redrive", "demo"
@@ -193,11 +186,21 @@ class Text(Option):
 
 @dataclass(frozen=True, kw_only=True)
 class Integer(Option):
-    """A flag with an integer value, a default and a range (positive unless ``minimum`` is 0)."""
+    """A flag with an integer value, a default and the range of the settings field it fills."""
 
     default: int
-    minimum: int = 1
-    maximum: int = MAX_SETTING
+    fills: tuple[type, str]
+    """The settings class and field this flag's value goes to; their range is the flag's."""
+
+    @property
+    def minimum(self) -> int:
+        """The least value the flag takes."""
+        return ranges(self.fills[0])[self.fills[1]][0]
+
+    @property
+    def maximum(self) -> int:
+        """The greatest value the flag takes."""
+        return ranges(self.fills[0])[self.fills[1]][1]
 
     @property
     def default_value(self) -> object:
@@ -283,7 +286,6 @@ _relay_switch = partial(Switch, verbs=RELAY_VERBS, group="relay")
 def _relay_int(flag: str, env: str, help: str) -> Integer:
     """A relay tuning flag whose default and range are RelayConfig's for the field of the
     same name."""
-    minimum, maximum = RANGES[_dest(flag)]
     return Integer(
         flag=flag,
         env=env,
@@ -291,15 +293,8 @@ def _relay_int(flag: str, env: str, help: str) -> Integer:
         verbs=RELAY_VERBS,
         group="relay",
         default=_RELAY[_dest(flag)],
-        minimum=minimum,
-        maximum=maximum,
+        fills=(RelayConfig, _dest(flag)),
     )
-
-
-def _ranged(flag: str, **declaration: Any) -> Integer:
-    """An integer flag whose range is that of the setting it fills (settings.FLAG_RANGES)."""
-    minimum, maximum = FLAG_RANGES[flag]
-    return Integer(flag=flag, minimum=minimum, maximum=maximum, **declaration)
 
 
 # -- the declaration ---------------------------------------------------------------------------
@@ -452,6 +447,7 @@ RECEIPT_RETENTION = Integer(
     flag="--receipt-retention-ms",
     env="OUTBOX_RELAY_RECEIPT_RETENTION_MS",
     default=_RELAY["receipt_retention_ms"],
+    fills=(RelayConfig, "receipt_retention_ms"),
     verbs=HEALTH_VERBS,
     help="how long receipts are kept",
 )
@@ -464,23 +460,26 @@ LISTEN = Text(
     verbs=RELAY_VERBS,
     help="HOST:PORT of the health sidecar",
 )
-HTTP_MAX_CONNECTIONS_OPTION = _ranged(
-    "--http-max-connections",
+HTTP_MAX_CONNECTIONS_OPTION = Integer(
+    flag="--http-max-connections",
+    fills=(SidecarOptions, "http_max_connections"),
     env="OUTBOX_RELAY_HTTP_MAX_CONNECTIONS",
     default=HTTP_MAX_CONNECTIONS,
     verbs=SIDECAR_VERBS,
     help="open HTTP connections the health server keeps; idle ones are closed first beyond it",
 )
-DATABASE_RETRY_MAX = _ranged(
-    "--database-retry-max-ms",
+DATABASE_RETRY_MAX = Integer(
+    flag="--database-retry-max-ms",
+    fills=(SidecarOptions, "database_retry_max_ms"),
     env="OUTBOX_RELAY_DATABASE_RETRY_MAX_MS",
     default=DATABASE_RETRY_MAX_MS,
     verbs=SIDECAR_VERBS,
     help="longest wait between the health sidecar's attempts while the database is "
     "unreachable or not migrated",
 )
-COMPLETION_RECHECK_PERIOD = _ranged(
-    "--completion-recheck-period-ms",
+COMPLETION_RECHECK_PERIOD = Integer(
+    flag="--completion-recheck-period-ms",
+    fills=(SidecarOptions, "completion_recheck_period_ms"),
     env="OUTBOX_RELAY_COMPLETION_RECHECK_PERIOD_MS",
     default=RECHECK_PERIOD_MS,
     verbs=SIDECAR_VERBS,
@@ -526,8 +525,9 @@ DRY_RUN = Switch(
 WATCH = Switch(
     flag="--watch", verbs=frozenset({STATUS}), help="evaluate again and again until Ctrl-C"
 )
-WATCH_INTERVAL = _ranged(
-    "--interval-ms",
+WATCH_INTERVAL = Integer(
+    flag="--interval-ms",
+    fills=(HealthReportSettings, "watch_interval_ms"),
     default=2000,
     verbs=frozenset({STATUS}),
     help="time between evaluations with --watch",
@@ -545,28 +545,37 @@ GRANT_AS = Repeated(
 PRINT_ONLY = Switch(
     flag="--print", verbs=frozenset({GRANT}), help="print the SQL instead of running it"
 )
-DEMO_JOBS = _ranged(
-    "--jobs",
+DEMO_JOBS = Integer(
+    flag="--jobs",
+    fills=(DemoOptions, "jobs"),
     env="OUTBOX_RELAY_DEMO_JOBS",
     default=2000,
     verbs=frozenset({DEMO}),
     help="scoring jobs queued at the start",
 )
-DEMO_WORKERS = _ranged("--workers", default=4, verbs=frozenset({DEMO}), help="scoring workers")
+DEMO_WORKERS = Integer(
+    flag="--workers",
+    fills=(DemoOptions, "workers"),
+    default=4,
+    verbs=frozenset({DEMO}),
+    help="scoring workers",
+)
 EXIT_WHEN_DONE = Switch(
     flag="--exit-when-done",
     verbs=frozenset({DEMO}),
     help="stage the three failure stories once, then stop once every job is terminal and "
     "every event published",
 )
-DEMO_RATE = _ranged(
-    "--rate",
+DEMO_RATE = Integer(
+    flag="--rate",
+    fills=(DemoOptions, "rate"),
     default=10,
     verbs=frozenset({DEMO}),
     help="jobs the steady workload enqueues per second after the first --jobs",
 )
-STORY_HOLD = _ranged(
-    "--story-hold-ms",
+STORY_HOLD = Integer(
+    flag="--story-hold-ms",
+    fills=(DemoOptions, "story_hold_ms"),
     default=20_000,
     verbs=frozenset({DEMO}),
     help="how long each staged failure stays on show once health reports it",

@@ -1,7 +1,7 @@
 """The relay's configuration: one frozen value built from flags and environment.
 
-The field defaults here are the relay's only defaults: the command line reads them from
-these fields for its flags, its help and the README's configuration table.
+The field defaults and ranges here are the relay's only ones: the command line reads them
+from these fields for its flags, its help and the README's configuration table.
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 import re
 import ssl
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 from contracts.errors import ConfigError
+from contracts.ranges import NotNegative, Positive, PositiveInt4, check_ranges
 
 DEFAULT_TOPIC_TEMPLATE = "outbox.event.{aggregatetype}"
 _TEMPLATE_FIELDS = re.compile(r"\{([^{}]*)\}")
@@ -21,10 +21,6 @@ _TEMPLATE_FIELDS = re.compile(r"\{([^{}]*)\}")
 # around {aggregatetype} must keep to it, or no event could ever be published.
 _TOPIC_CHARACTERS = re.compile(r"[A-Za-z0-9._-]*")  # fullmatch: "$" would allow a final "\n"
 _MAX_TOPIC_LENGTH = 249
-# PostgreSQL integer (int4): retry delays and the attempt budget are bound as one.
-INT4_MAX = 2**31 - 1
-# Larger settings are typos, and would overflow bigint limits and interval arithmetic.
-MAX_SETTING = 10**15
 _SECURITY_PROTOCOLS = frozenset({"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"})
 _SASL_MECHANISMS = frozenset({"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"})
 
@@ -118,28 +114,29 @@ class RelayConfig:
     allowed_topics: str | None = None
     ce_source: str = "urn:outbox-relay"
     instance_id: str = field(default_factory=new_instance_id)
-    batch_size: int = 1000
+    batch_size: Positive = 1000
     # A fetch transfers at most this many bytes of rows (plus one row): with the batches in
     # flight it bounds the relay's memory whatever the rows hold (docs/relay.md, "Sizes").
-    fetch_max_bytes: int = 8 * 1024 * 1024
-    max_in_flight_batches: int = 4
-    poll_interval_ms: int = 1000
+    fetch_max_bytes: Positive = 8 * 1024 * 1024
+    max_in_flight_batches: Positive = 4
+    poll_interval_ms: Positive = 1000
     notify: bool = True
-    max_attempts: int = 5
-    retry_base_ms: int = 500
-    retry_cap_ms: int = 60_000
-    lease_ttl_ms: int = 10_000
-    lease_renew_ms: int = 2_000
-    send_timeout_ms: int = 5_000
-    receipt_retention_ms: int = 7 * 24 * 3600 * 1000
-    prune_batch_size: int = 5_000
+    # Retry delays and the attempt budget are bound as PostgreSQL integers.
+    max_attempts: PositiveInt4 = 5
+    retry_base_ms: PositiveInt4 = 500
+    retry_cap_ms: PositiveInt4 = 60_000
+    lease_ttl_ms: Positive = 10_000
+    lease_renew_ms: Positive = 2_000
+    send_timeout_ms: Positive = 5_000
+    receipt_retention_ms: Positive = 7 * 24 * 3600 * 1000
+    prune_batch_size: Positive = 5_000
     prune_interval_ms: int = 10_000
-    drain_timeout_ms: int = 10_000
-    blocking_transaction_warn_ms: int = 30_000
+    drain_timeout_ms: Positive = 10_000
+    blocking_transaction_warn_ms: NotNegative = 30_000
     # The relay hands the producer complete batches (one fetch, split by partition):
     # nothing joins a batch while it lingers, so any linger is pure latency. Batches
     # grow with load instead: a fetch takes every row that is ready, up to --batch-size.
-    linger_ms: int = 0
+    linger_ms: NotNegative = 0
     compression: str | None = None
     # A direct (session) connection for LISTEN; behind a transaction pooler it is the only
     # way to get NOTIFY wake-ups (relay/wakeups.py, listen_plan).
@@ -157,8 +154,7 @@ class RelayConfig:
         if not self.kafka_bootstrap:
             raise ConfigError("--kafka-bootstrap (KAFKA_BOOTSTRAP_SERVERS) is required")
         validate_bootstrap(self.kafka_bootstrap)
-        for name, (minimum, maximum) in RANGES.items():
-            check_range(f"--{name.replace('_', '-')}", getattr(self, name), minimum, maximum)
+        check_ranges(self)
         if self.retry_cap_ms < self.retry_base_ms:
             raise ConfigError("--retry-cap-ms must be at least --retry-base-ms")
         # A lane is only published while its lease outlives the slowest send by a margin;
@@ -179,40 +175,6 @@ class RelayConfig:
             return re.compile(self.allowed_topics)
         except re.error as exc:
             raise ConfigError(f"--allowed-topics is not a regular expression: {exc.msg}") from None
-
-
-# Each integer setting's (least, greatest) value, by field: counts and durations positive,
-# the linger and the open-writer warning 0 or more. The command line declares its flags
-# with these (outbox_relay/options.py): a flag and RelayConfig refuse the same values with
-# the same words.
-RANGES: Final[Mapping[str, tuple[int, int]]] = {
-    "batch_size": (1, MAX_SETTING),
-    "fetch_max_bytes": (1, MAX_SETTING),
-    "max_in_flight_batches": (1, MAX_SETTING),
-    "poll_interval_ms": (1, MAX_SETTING),
-    "max_attempts": (1, INT4_MAX),
-    "retry_base_ms": (1, INT4_MAX),
-    "retry_cap_ms": (1, INT4_MAX),
-    "lease_ttl_ms": (1, MAX_SETTING),
-    "lease_renew_ms": (1, MAX_SETTING),
-    "send_timeout_ms": (1, MAX_SETTING),
-    "receipt_retention_ms": (1, MAX_SETTING),
-    "prune_batch_size": (1, MAX_SETTING),
-    "drain_timeout_ms": (1, MAX_SETTING),
-    "linger_ms": (0, MAX_SETTING),
-    "blocking_transaction_warn_ms": (0, MAX_SETTING),
-}
-
-
-def check_range(name: str, value: int, minimum: int, maximum: int) -> int:
-    """``value``, or a :class:`ConfigError` naming ``name`` when it is below ``minimum`` (1:
-    positive, 0: not negative) or above ``maximum``."""
-    if value < minimum:
-        rule = "be a positive integer" if minimum > 0 else "not be negative"
-        raise ConfigError(f"{name} must {rule}, got {value}")
-    if value > maximum:
-        raise ConfigError(f"{name} must be at most {maximum}, got {value}")
-    return value
 
 
 def require_utf8(*settings: tuple[str, str | None]) -> None:

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import re
 import uuid
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, get_args, get_origin, get_type_hints
 
+import msgspec
 import pytest
 
 from contracts.errors import ConfigError
+from contracts.ranges import MAX_SETTING, ranges
+from health.policy import parse_policy
 from outbox_relay.cli import build_parser
 from outbox_relay.options import (
     OPTIONS,
@@ -573,3 +576,41 @@ def test_settings_refuse_what_their_flag_refuses(flag: str, edge: str) -> None:
         _DIRECT[flag](value)
     assert str(built.value) == str(by_flag.value)
     _DIRECT[flag](option.minimum)  # the least the flag takes is taken
+
+
+# -- ranges: declared once, on the field a flag fills --------------------------------------------
+def test_every_integer_flag_takes_its_range_from_the_field_it_fills() -> None:
+    integers = [option for option in OPTIONS if isinstance(option, Integer)]
+    assert integers
+    for option in integers:
+        settings, name = option.fills
+        declared = {f.name for f in fields(settings)}
+        assert name in declared, option.flag
+        # The field's own annotation, read without the product's helper.
+        hint = get_type_hints(settings, include_extras=True)[name]
+        annotated = next(arg for arg in (hint, *get_args(hint)) if get_origin(arg) is Annotated)
+        meta = next(m for m in annotated.__metadata__ if isinstance(m, msgspec.Meta))
+        assert (option.minimum, option.maximum) == (meta.ge, meta.le), option.flag
+        assert ranges(settings)[name] == (meta.ge, meta.le)
+
+
+def test_the_relay_settings_ranges_are_those_of_its_flags() -> None:
+    # Every ranged RelayConfig field has its flag, and every relay integer flag its field.
+    relay_flags = {
+        option.fills[1]
+        for option in OPTIONS
+        if isinstance(option, Integer) and option.fills[0] is RelayConfig
+    }
+    assert set(ranges(RelayConfig)) == relay_flags
+    assert ranges(RelayConfig)["max_attempts"] == (1, 2**31 - 1)  # bound as int4
+    assert ranges(RelayConfig)["linger_ms"] == (0, MAX_SETTING)
+
+
+def test_a_policy_bound_has_the_settings_ceiling() -> None:
+    text = Path(POLICY).read_text()
+    assert "max_pending_count = 10000" in text
+    parse_policy(text.replace("max_pending_count = 10000", f"max_pending_count = {MAX_SETTING}"))
+    with pytest.raises(ConfigError, match=r"^policy: \[outbox\] max_pending_count is too large$"):
+        parse_policy(
+            text.replace("max_pending_count = 10000", f"max_pending_count = {MAX_SETTING + 1}")
+        )
