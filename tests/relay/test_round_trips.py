@@ -1,8 +1,8 @@
 """The relay's hot path talks to PostgreSQL as little as it can.
 
 Every statement the relay sends is a round trip to the server, and on a small machine
-each costs the relay, the server and the scheduler far more than the statement itself:
-at 1,000 events/s the relay spent half a core mostly writing to sockets. A fetch is one
+each costs the relay, the server and the scheduler far more than the statement itself,
+mostly in writing to sockets. A fetch is one
 statement and recording a published batch is one statement, including the end of its
 transaction and the release of its pooled connection (the relay's sessions keep no
 state to reset).

@@ -163,3 +163,24 @@ def test_a_repeated_heading_is_numbered_and_links_in_code_are_not_links(tmp_path
     assert anchors(document) == {"title", "notes", "notes-1", "here"}
     assert [link.target for link in links(document)] == ["#notes-1", "missing.md", "other.md#x"]
     assert [broken(link) for link in links(document)] == [None, "no such file", "no such file"]
+
+
+_CODE_ROOTS = ("relay", "health", "outbox_relay", "scoring", "pgconnect", "contracts")
+_CODE_ROOTS += ("migrations", "scripts", "tests", "bench")
+_DOC_ANCHOR = re.compile(r"\b(docs/[\w/.-]+\.md)#([\w-]+)")
+
+
+def test_anchors_that_code_points_at_exist() -> None:
+    """A comment or docstring that sends the reader to ``docs/x.md#anchor`` names a heading
+    that is there."""
+    failures = []
+    for root in _CODE_ROOTS:
+        for path in sorted((ROOT / root).rglob("*.py")):
+            if path == Path(__file__).resolve():
+                continue
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                for document, anchor in _DOC_ANCHOR.findall(line):
+                    target = ROOT / document
+                    if not target.is_file() or anchor not in anchors(target):
+                        failures.append(f"{path.relative_to(ROOT)}:{number}: {document}#{anchor}")
+    assert not failures, "\n".join(failures)
