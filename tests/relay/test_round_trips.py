@@ -56,7 +56,7 @@ def counted_statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
 
 async def _held_lanes(db: asyncpg.Connection) -> dict[int, int]:
-    await db.execute(sql.HEARTBEAT, INSTANCE, DEFAULT_TOPIC_TEMPLATE)
+    await db.execute(sql.HEARTBEAT, INSTANCE)
     rows = await db.fetch(sql.CLAIM_LANES, INSTANCE, 60_000, sql.LANE_COUNT)
     return {row["lane"]: row["fence"] for row in rows}
 
