@@ -17,6 +17,7 @@ RESERVED_HEADERS = frozenset(
         "id",
         "content-type",
         "traceparent",
+        "tracestate",
         "ce_specversion",
         "ce_id",
         "ce_source",
@@ -88,6 +89,8 @@ class OutboxRow(NamedTuple):
     earlier: int | None = None
     """For a cursor fetch: the seq of the last pending row of its key on its topic at or
     below the fetch's start (relay/sql.py, FETCH_READY), if any."""
+    tracestate: str | None = None
+    """The W3C tracestate that goes with ``traceparent`` (migration 0008)."""
 
 
 class KafkaRecord(NamedTuple):
@@ -207,6 +210,8 @@ class RecordMapper:
                 self._on_void_traceparent()  # forwarded, it would restart nothing but noise
             else:
                 headers.append(("traceparent", traceparent.encode()))
+                if row.tracestate is not None:
+                    headers.append(("tracestate", row.tracestate.encode()))
         if tenant_ref is not None:
             headers.append(("tenant_ref", tenant_ref.encode()))
         if schema_version is not None:

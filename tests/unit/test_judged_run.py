@@ -166,3 +166,26 @@ def test_the_trend_has_a_line_per_run() -> None:
     lines = report.trend_lines(HISTORY)
     assert len(lines) == len(HISTORY) + 1
     assert all(str(entry["commit"]) in line for entry, line in zip(HISTORY, lines[1:], strict=True))
+
+
+@pytest.mark.parametrize(("peak", "mark"), [(249.0, "PASS"), (250.0, "PASS"), (251.0, "FAIL")])
+def test_memory_with_rows_of_tens_of_mb_is_judged_against_its_own_bound(
+    peak: float, mark: str
+) -> None:
+    figures = {
+        "backlog": 1_000_000,
+        "peak_rss_mb": 60.0,
+        "whatever_the_rows_hold": {
+            "near_limit_rows": 500,
+            "oversized_rows": 6,
+            "oversized_mb": 48,
+            "peak_rss_mb": peak,
+        },
+    }
+    document = {"runs": [], "scale": {"events": 200_000}}
+    lines = {line.label: line for line in report.judged(document, memory=figures, health_cost={})}
+    line = lines["relay peak RSS, rows of tens of MB in the backlog"]
+    assert (line.mark, line.shown, line.bound) == (mark, f"{peak:.0f} MB", "<= 250 MB")
+    assert lines["relay peak RSS, 1,000,000-event backlog"].mark == "PASS"
+    del figures["whatever_the_rows_hold"]
+    assert report.judged(document, memory=figures, health_cost={})[-3].mark == "n/a"
