@@ -33,7 +33,7 @@ WRITER = {
 EVENT_WRITER = {
     **_NOTHING,
     "outbox": "INSERT(aggregateid, aggregatetype, causation_ref, correlation_ref, headers, id, "
-    "payload, schema_version, tenant_ref, topic, traceparent, type)",
+    "payload, schema_version, tenant_ref, topic, traceparent, tracestate, type)",
 }
 
 RELAY = {
