@@ -43,13 +43,13 @@ $(STAMP): pyproject.toml $(LOCK)
 	@touch $@
 
 # Refreshed on purpose, never as a side effect: the whole dependency set (runtime, build
-# backend and the test, lint and bench extras) with hashes, then the runtime part the image
+# backend and the test, lint, bench and otel extras) with hashes, then the runtime part the image
 # installs, pinned to the same versions. LOCK_UPGRADE=1 moves every pin to the newest
 # version pyproject.toml allows; without it only what pyproject.toml changed moves.
 PIP_COMPILE = $(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
 	--all-build-deps --no-emit-index-url $(if $(LOCK_UPGRADE),--upgrade)
 lock: venv
-	$(PIP_COMPILE) --extra test --extra lint --extra bench --output-file $(LOCK) pyproject.toml
+	$(PIP_COMPILE) --extra test --extra lint --extra bench --extra otel --output-file $(LOCK) pyproject.toml
 	$(PIP_COMPILE) --constraint $(LOCK) --output-file $(RUNTIME_LOCK) pyproject.toml
 
 services-up: venv

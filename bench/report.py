@@ -1,15 +1,22 @@
-"""PASS or FAIL per performance target of the peer comparison, and its plot.
+"""PASS or FAIL per performance target, the history of judged runs, and the plot.
 
-Reads the raw figures that bench/test_peers.py keeps (docs/bench/results.json), takes every
-ratio within one run (the same machine state for every system of that run), and judges each
-target on the median of those ratios over the runs. Absolute figures are printed too, as
-medians, but they are noise on a shared machine; the ratios are the result. The memory
-target is judged from bench/test_memory.py's figures beside them (memory.json), the
-sidecar's from bench/test_health_cost.py's (docs/bench/health_cost.json). Exits 1 when any
-judged target FAILs (after printing everything and drawing the plot).
+``make bench``'s benchmarks leave the figures of the run they measured in docs/bench/
+(git-ignored there): results.json (bench/test_peers.py, every system's raw figures run by
+run), memory.json (bench/test_memory.py) and health_cost.json (bench/test_health_cost.py).
+This report takes every ratio within one run (the same machine state for every system of
+that run), judges each target on the median of those ratios over the runs, and folds the
+run into docs/bench/history.jsonl: one line per judged run with its commit, date, machine,
+ratios and raw figures. It then rewrites the judged-run block of docs/benchmarks.md from the
+newest line and draws the plot. Absolute figures are printed too, as medians, but they are
+noise on a shared machine; the ratios are the result. Exits 1 when any judged target FAILs
+(after printing everything).
 
-    python -m bench.report [results.json] [--plot PNG]   (default: BENCH_RESULTS's or
-                                                          docs/bench's; peers.png beside it)
+Figures read from anywhere else (a path given, or BENCH_RESULTS: a trial) are judged and
+plotted beside themselves, and leave the history, the document and the committed plot
+alone. With no new figures the report judges the newest line of the history again.
+
+    python -m bench.report [results.json] [--plot PNG]
+    python -m bench.report --history        (one line per judged run: the trend)
 """
 
 from __future__ import annotations
@@ -19,12 +26,14 @@ import json
 import operator
 import os
 import statistics
-from collections.abc import Callable, Iterable
+import subprocess
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-DOCS_BENCH = Path(__file__).resolve().parents[1] / "docs" / "bench"
+ROOT = Path(__file__).resolve().parents[1]
+DOCS_BENCH = ROOT / "docs" / "bench"
 RESULTS = DOCS_BENCH / "results.json"
 PLOT = DOCS_BENCH / "peers.png"
 # Hook for the sidecar's cost (measured by bench/test_health_cost.py, not here): a JSON object
@@ -35,21 +44,33 @@ HEALTH_COST = DOCS_BENCH / "health_cost.json"
 # bench/test_memory.py's figures, kept beside the comparison's (memory_figures()): a JSON
 # object {"backlog": <events drained>, "peak_rss_mb": <the relay process' peak RSS>, ...}.
 MEMORY = DOCS_BENCH / "memory.json"
+# Every judged run, oldest first: one JSON object per line (history_entry()).
+HISTORY = DOCS_BENCH / "history.jsonl"
+# The document whose judged-run block the report writes (judged_block()).
+BENCHMARKS = ROOT / "docs" / "benchmarks.md"
+BLOCK_BEGIN = (
+    "<!-- judged run: written by `python -m bench.report` from docs/bench/history.jsonl;"
+    " edits here are overwritten -->"
+)
+BLOCK_END = "<!-- end of the judged run -->"
 
 RELAY = "relay"
 DEBEZIUM_LATENCY_TUNED = "debezium-poll1ms"
 DEBEZIUMS = ("debezium-poll1ms", "debezium-poll10ms")
 RAW_SEND = "raw-send"
 RAW_BATCH = "raw-send_batch"
+SYSTEMS = (RELAY, *DEBEZIUMS, RAW_SEND, RAW_BATCH)
 RSS_EVENTS = 1_000_000  # the memory target's backlog
 RSS_BOUND_MB = 150.0
+RSS_ANY_ROWS_BOUND_MB = 250.0  # whatever the table holds
 
 Rows = list[dict[str, Any]]
+Figures = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
 class Target:
-    """One line of the issue's target table: a ratio within a run and its bound."""
+    """One line of the design's target table: a ratio within a run and its bound."""
 
     label: str
     ratio: str  # key of per_run_ratios()
@@ -61,7 +82,13 @@ TARGETS = (
     Target("latency p50: relay / Debezium (poll 1 ms)", "p50_vs_debezium", "<=", 1.2),
     Target("latency p99: relay / Debezium (poll 1 ms)", "p99_vs_debezium", "<=", 0.8),
     Target("drain: relay / raw send()", "drain_vs_send", ">=", 0.9),
-    Target("drain: relay / Debezium catch-up (faster of the two)", "drain_vs_debezium", ">=", 4.0),
+    Target(
+        "CPU per event: relay / Debezium (cheaper of the two)",
+        "cpu_vs_debezium",
+        "<=",
+        0.25,
+    ),
+    Target("drain: relay / Debezium catch-up (faster of the two)", "drain_vs_debezium", "", 0.0),
     Target("drain: relay / raw send_batch()", "drain_vs_send_batch", "", 0.0),
     Target("latency p50: relay / Debezium (poll 10 ms)", "p50_vs_debezium10", "", 0.0),
     Target("latency p99: relay / Debezium (poll 10 ms)", "p99_vs_debezium10", "", 0.0),
@@ -97,6 +124,17 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator
 
 
+def _cpu_per_event(rows: Rows, run: int, system: str, database: str) -> float | None:
+    """A system's CPU per event in one run's catch-up: its own process plus the PostgreSQL
+    figure named (all of PostgreSQL's processes, or only its backends)."""
+    own = _figure(rows, run, system, "drain", "client_cpu_us_per_event")
+    # runs measured before the meter split PostgreSQL's processes by kind count them all
+    spent = _figure(rows, run, system, "drain", database)
+    if spent is None:
+        spent = _figure(rows, run, system, "drain", "postgres_cpu_us_per_event")
+    return None if own is None or spent is None else own + spent
+
+
 def per_run_ratios(rows: Rows, run: int) -> dict[str, float | None]:
     """Every target's ratio within one run; None where a system of it was not measured."""
     relay_rate = _figure(rows, run, RELAY, "drain", "rate")
@@ -105,10 +143,19 @@ def per_run_ratios(rows: Rows, run: int) -> dict[str, float | None]:
         for name in DEBEZIUMS
         if (rate := _figure(rows, run, name, "drain", "rate")) is not None
     ]
+    # The design's CPU target: the relay's process plus PostgreSQL's backends, against
+    # Connect's process plus all of PostgreSQL's (its walsender decodes for the slot).
+    relay_cpu = _cpu_per_event(rows, run, RELAY, "pg_backends_cpu_us_per_event")
+    debezium_cpus = [
+        cpu
+        for name in DEBEZIUMS
+        if (cpu := _cpu_per_event(rows, run, name, "postgres_cpu_us_per_event")) is not None
+    ]
     ratios = {
         "drain_vs_send": _ratio(relay_rate, _figure(rows, run, RAW_SEND, "drain", "rate")),
         "drain_vs_send_batch": _ratio(relay_rate, _figure(rows, run, RAW_BATCH, "drain", "rate")),
         "drain_vs_debezium": _ratio(relay_rate, max(debezium_rates, default=None)),
+        "cpu_vs_debezium": _ratio(relay_cpu, min(debezium_cpus, default=None)),
     }
     for key, other in (("", DEBEZIUM_LATENCY_TUNED), ("10", "debezium-poll10ms")):
         for pct in ("p50", "p99"):
@@ -134,17 +181,57 @@ def median_figure(rows: Rows, system: str, phase: str, key: str) -> float | None
     return median_or_none(_figure(rows, run, system, phase, key) for run in runs_of(rows))
 
 
-def rss_line(rows: Rows, events: int) -> tuple[str, str]:
-    """The relay's memory while draining: judged only on the target's 1,000,000 events."""
+@dataclass(frozen=True)
+class Judged:
+    """One line of the verdict: its mark, what is judged, the figure, its bound, and the rest
+    (the per-run ratios, or what else was measured beside the judged figure)."""
+
+    mark: str
+    label: str
+    shown: str
+    bound: str = ""
+    detail: str = ""
+
+    @property
+    def text(self) -> str:
+        """The figure, its bound and the rest, as one phrase."""
+        parts = (self.shown, self.bound and f"bound {self.bound}", self.detail)
+        return ", ".join(part for part in parts if part and part != "-")
+
+    @property
+    def line(self) -> str:
+        """The line of the printed report."""
+        return f"{self.mark:6} {self.label:56} {self.shown:>8}  {self.bound:>9}  {self.detail}"
+
+
+def _loaded(source: Path | Figures) -> Figures:
+    """A figures file's object ({} when there is none), or the object itself."""
+    if isinstance(source, Path):
+        return json.loads(source.read_text()) if source.is_file() else {}
+    return source
+
+
+def _rss(rows: Rows, events: int) -> Judged:
+    label = "relay RSS draining the comparison's backlog"
     peak = median_figure(rows, RELAY, "drain", "peak_rss_mb")
     if peak is None:
-        return "n/a", "not measured"
+        return Judged("n/a", label, "-", detail="not measured")
     if events >= RSS_EVENTS:
-        return verdict(peak, "<=", RSS_BOUND_MB), f"{peak:.0f} MB peak (bound {RSS_BOUND_MB:.0f})"
-    return "info", (
-        f"{peak:.0f} MB peak on {events:,} events; the target's 1,000,000 are "
-        "bench/test_memory.py's"
+        return Judged(
+            verdict(peak, "<=", RSS_BOUND_MB), label, f"{peak:.0f} MB", f"<= {RSS_BOUND_MB:.0f} MB"
+        )
+    return Judged(
+        "info",
+        label,
+        f"{peak:.0f} MB",
+        detail=f"on {events:,} events; the target's 1,000,000 are bench/test_memory.py's",
     )
+
+
+def rss_line(rows: Rows, events: int) -> tuple[str, str]:
+    """The relay's memory while draining: judged only on the target's 1,000,000 events."""
+    judged = _rss(rows, events)
+    return judged.mark, judged.text
 
 
 def results_path() -> Path:
@@ -155,66 +242,114 @@ def results_path() -> Path:
 
 def memory_figures(results: Path | None = None) -> Path:
     """bench/test_memory.py's figures: beside the comparison's (a trial with BENCH_RESULTS
-    leaves the committed ones alone)."""
+    leaves the figures of make bench's run alone)."""
     return (results or results_path()).with_name(MEMORY.name)
 
 
-def memory_line(path: Path = MEMORY) -> tuple[str, str]:
-    """The memory target from bench/test_memory.py's figures: the relay process' peak RSS,
-    judged only on the target's 1,000,000-event backlog (a smaller trial is shown)."""
-    figures = json.loads(path.read_text()) if path.is_file() else {}
+def _memory(source: Path | Figures) -> Judged:
+    label = "relay peak RSS, 1,000,000-event backlog"
+    figures = _loaded(source)
     peak = figures.get("peak_rss_mb")
     if peak is None:
-        return "n/a", f"measured by bench/test_memory.py (no figures at {path})"
+        where = f"no figures at {source}" if isinstance(source, Path) else "no figures"
+        return Judged("n/a", label, "-", detail=f"measured by bench/test_memory.py ({where})")
     backlog = int(figures.get("backlog", 0))
     if backlog < RSS_EVENTS:
-        return "info", (
-            f"{peak:.0f} MB peak on {backlog:,} events; judged on {RSS_EVENTS:,} (BENCH_BACKLOG)"
+        return Judged(
+            "info",
+            label,
+            f"{peak:.0f} MB",
+            detail=f"peak on {backlog:,} events; judged on {RSS_EVENTS:,} (BENCH_BACKLOG)",
         )
-    return verdict(peak, "<=", RSS_BOUND_MB), (
-        f"{peak:.0f} MB peak on {backlog:,} events (bound {RSS_BOUND_MB:.0f})"
+    return Judged(
+        verdict(peak, "<=", RSS_BOUND_MB),
+        label,
+        f"{peak:.0f} MB",
+        f"<= {RSS_BOUND_MB:.0f} MB",
+        f"peak on {backlog:,} events",
     )
 
 
-def health_cost_line(path: Path = HEALTH_COST) -> tuple[str, str]:
-    """The sidecar target, from the figures bench/test_health_cost.py leaves (if any).
+def memory_line(source: Path | Figures = MEMORY) -> tuple[str, str]:
+    """The memory target from bench/test_memory.py's figures: the relay process' peak RSS,
+    judged only on the target's 1,000,000-event backlog (a smaller trial is shown)."""
+    judged = _memory(source)
+    return judged.mark, judged.text
 
-    Judged as the target reads: the running sidecar's steady state with the history against
+
+def _memory_any_rows(source: Path | Figures) -> Judged:
+    """The relay's peak RSS with rows that can never be records (tens of MB) beside rows just
+    under the record limit: the bound that holds whatever the table holds."""
+    label = "relay peak RSS, rows of tens of MB in the backlog"
+    figures = _loaded(source).get("whatever_the_rows_hold") or {}
+    peak = figures.get("peak_rss_mb")
+    if peak is None:
+        return Judged(
+            "n/a", label, "-", detail="measured by bench/test_memory.py (not in these figures)"
+        )
+    return Judged(
+        verdict(peak, "<=", RSS_ANY_ROWS_BOUND_MB),
+        label,
+        f"{peak:.0f} MB",
+        f"<= {RSS_ANY_ROWS_BOUND_MB:.0f} MB",
+        f"{figures.get('oversized_rows', '?')} rows of {figures.get('oversized_mb', '?')} MB"
+        f" beside {figures.get('near_limit_rows', '?')} near the record limit",
+    )
+
+
+def _health_cost(source: Path | Figures) -> Judged:
+    """Judged as the target reads: the running sidecar's steady state with the history against
     *its* steady state on an empty history (``ratio_to_sidecar_empty``). Its ratio to the
-    one-shot ``check`` on an empty history (``ratio``: a different statement set, four
-    round trips against five) is shown beside it, as are the grace 0 figures.
-    """
-    if not path.is_file():
-        return "n/a", "measured by bench/test_health_cost.py (no docs/bench/health_cost.json)"
-    figures = json.loads(path.read_text())
+    one-shot ``check`` on an empty history (``ratio``: a different statement set, four round
+    trips against five) is shown beside it, as are the grace 0 figures."""
+    label = "sidecar steady state, 1,000,000 terminal jobs"
+    figures = _loaded(source)
     judged = figures.get("ratio_to_sidecar_empty")
-    shown = f"{judged:.2f}x" if judged is not None else "?"
+    if judged is None:
+        return Judged(
+            "n/a", label, "-", detail="measured by bench/test_health_cost.py (no figures)"
+        )
+    more = []
     if figures.get("ratio") is not None:
-        shown += f" (to the one-shot check on the empty history: {figures['ratio']:.2f}x)"
+        more.append(f"to the one-shot check on the empty history: {figures['ratio']:.2f}x")
     if figures.get("ratio_grace_0") is not None:
-        shown += f"; grace_ms = 0: {figures['ratio_grace_0']:.2f}x of the one-shot"
-    return verdict(judged, "<=", 1.5), shown
+        more.append(f"grace_ms = 0: {figures['ratio_grace_0']:.2f}x of the one-shot")
+    return Judged(verdict(judged, "<=", 1.5), label, f"{judged:.2f}x", "<= 1.5x", "; ".join(more))
 
 
-def beyond_lookback_line(path: Path = HEALTH_COST) -> tuple[str, str]:
+def health_cost_line(source: Path | Figures = HEALTH_COST) -> tuple[str, str]:
+    """The sidecar target, from the figures bench/test_health_cost.py leaves (if any)."""
+    judged = _health_cost(source)
+    return judged.mark, judged.text
+
+
+def _beyond_lookback(source: Path | Figures) -> Judged:
     """The one-shot check with 1,000,000 terminal jobs beyond the look-back window against
     an empty history, as ``check`` evaluates (every statement planned once), bound 2x.
 
     The same on one connection evaluating again and again is shown beside it: the plan
-    cache re-plans the completion check there (docs/benchmarks.md, "History beyond the
-    look-back window"), which no ``check`` meets.
+    cache re-plans the completion check there, which no ``check`` meets.
     """
-    figures = json.loads(path.read_text()) if path.is_file() else {}
+    label = "check, 1,000,000 terminal jobs beyond look-back"
+    figures = _loaded(source)
     judged = figures.get("ratio_beyond_lookback")
     if judged is None:
-        return "n/a", "measured by bench/test_health_cost.py (not in these figures)"
-    shown = f"{judged:.2f}x"
-    if figures.get("ratio_beyond_lookback_warm") is not None:
-        shown += (
-            f" (one connection evaluating again and again:"
-            f" {figures['ratio_beyond_lookback_warm']:.2f}x)"
+        return Judged(
+            "n/a", label, "-", detail="measured by bench/test_health_cost.py (not in these figures)"
         )
-    return verdict(judged, "<=", 2.0), shown
+    detail = ""
+    if figures.get("ratio_beyond_lookback_warm") is not None:
+        detail = (
+            "one connection evaluating again and again:"
+            f" {figures['ratio_beyond_lookback_warm']:.2f}x"
+        )
+    return Judged(verdict(judged, "<=", 2.0), label, f"{judged:.2f}x", "<= 2x", detail)
+
+
+def beyond_lookback_line(source: Path | Figures = HEALTH_COST) -> tuple[str, str]:
+    """The one-shot check beyond the look-back window, from bench/test_health_cost.py's figures."""
+    judged = _beyond_lookback(source)
+    return judged.mark, judged.text
 
 
 def database_line(machine: dict[str, Any]) -> list[str]:
@@ -225,41 +360,58 @@ def database_line(machine: dict[str, Any]) -> list[str]:
     return [f"PostgreSQL {machine.get('postgresql', '?')}, every system connected {tls}"]
 
 
-def verdict_lines(
-    document: dict[str, Any], *, memory: Path = MEMORY, health_cost: Path = HEALTH_COST
-) -> list[tuple[str, str]]:
-    """Every target's verdict and its line of the report, in the report's order."""
+def judged(
+    document: dict[str, Any],
+    *,
+    memory: Path | Figures = MEMORY,
+    health_cost: Path | Figures = HEALTH_COST,
+) -> list[Judged]:
+    """Every target's verdict, in the report's order."""
     rows: Rows = document["runs"]
     scale = document.get("scale", {})
     per_run = [per_run_ratios(rows, run) for run in runs_of(rows)]
     lines = []
     for target in TARGETS:
         median = median_or_none(r[target.ratio] for r in per_run)
-        each = " ".join(
+        each = " / ".join(
             "-" if r[target.ratio] is None else f"{r[target.ratio]:.2f}" for r in per_run
         )
-        bound = f"{target.compare} {target.bound:g}" if target.compare else ""
-        shown = "-" if median is None else f"{median:.2f}"
-        mark = verdict(median, target.compare, target.bound)
-        lines.append((mark, f"{mark:6} {target.label:56} {shown:>8}  {bound:>7}  {each}"))
-    for label, (mark, text) in (
-        (
-            "relay RSS draining (<= 150 MB on 1,000,000)",
-            rss_line(rows, int(scale.get("events", 0))),
-        ),
-        ("relay peak RSS, 1,000,000-event backlog (<= 150 MB)", memory_line(memory)),
-        ("sidecar steady state, 1,000,000 terminal jobs (<= 1.5x)", health_cost_line(health_cost)),
-        (
-            "check, 1,000,000 terminal jobs beyond look-back (<= 2x)",
-            beyond_lookback_line(health_cost),
-        ),
-    ):
-        lines.append((mark, f"{mark:6} {label:56} {text}"))
+        lines.append(
+            Judged(
+                verdict(median, target.compare, target.bound),
+                target.label,
+                "-" if median is None else f"{median:.2f}",
+                f"{target.compare} {target.bound:g}" if target.compare else "",
+                each,
+            )
+        )
+    lines += [
+        _rss(rows, int(scale.get("events", 0))),
+        _memory(memory),
+        _memory_any_rows(memory),
+        _health_cost(health_cost),
+        _beyond_lookback(health_cost),
+    ]
     return lines
 
 
+def verdict_lines(
+    document: dict[str, Any],
+    *,
+    memory: Path | Figures = MEMORY,
+    health_cost: Path | Figures = HEALTH_COST,
+) -> list[tuple[str, str]]:
+    """Every target's verdict and its line of the report, in the report's order."""
+    return [
+        (line.mark, line.line) for line in judged(document, memory=memory, health_cost=health_cost)
+    ]
+
+
 def report_lines(
-    document: dict[str, Any], *, memory: Path = MEMORY, health_cost: Path = HEALTH_COST
+    document: dict[str, Any],
+    *,
+    memory: Path | Figures = MEMORY,
+    health_cost: Path | Figures = HEALTH_COST,
 ) -> list[str]:
     """The printed report: the targets with their median ratios, then the medians."""
     rows: Rows = document["runs"]
@@ -271,14 +423,14 @@ def report_lines(
         f"(measured {document.get('measured_at', '?')})",
         *database_line(document.get("machine", {})),
         "",
-        f"{'':6} {'target':56} {'median':>8}  {'bound':>7}  per run",
+        f"{'':6} {'target':56} {'median':>8}  {'bound':>9}  per run",
         *(line for _, line in verdict_lines(document, memory=memory, health_cost=health_cost)),
     ]
     lines += [
         "",
         f"{'medians':18} {'drain ev/s':>11} {'wall ev/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'p99.9 ms':>9} {'RSS MB':>7}",
     ]
-    for system in (RELAY, *DEBEZIUMS, RAW_SEND, RAW_BATCH):
+    for system in SYSTEMS:
         cells = [
             median_figure(rows, system, "drain", "rate"),
             median_figure(rows, system, "drain", "wall_rate"),
@@ -295,6 +447,219 @@ def report_lines(
         )
         lines.append(f"{system:18} {text}")
     lines += cpu_lines(rows) + postgres_cpu_lines(rows) + produce_lines(rows)
+    return lines
+
+
+# -- the history of judged runs, and the document's block -------------------------------------
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def history_entry(
+    document: Mapping[str, Any],
+    *,
+    commit: str | None,
+    health_cost: Figures,
+    memory: Figures,
+    note: str = "",
+) -> dict[str, Any]:
+    """One judged run as a line of the history: when and where it ran, every target's ratios
+    (the median and each run's), and its raw figures (the comparison's rows, the sidecar's
+    and the memory benchmark's figures)."""
+    rows: Rows = document["runs"]
+    per_run = [per_run_ratios(rows, run) for run in runs_of(rows)]
+    ratios = {
+        target.ratio: {
+            "median": _rounded(median_or_none(r[target.ratio] for r in per_run)),
+            "per_run": [_rounded(r[target.ratio]) for r in per_run],
+        }
+        for target in TARGETS
+    }
+    entry: dict[str, Any] = {"commit": commit, "measured_at": document.get("measured_at")}
+    if note:
+        entry["note"] = note
+    entry |= {
+        "machine": document.get("machine", {}),
+        "scale": document.get("scale", {}),
+        "ratios": ratios,
+        "health_cost": dict(health_cost) or None,
+        "memory": dict(memory) or None,
+        "runs": rows,
+    }
+    return entry
+
+
+def read_history(path: Path | None = None) -> list[dict[str, Any]]:
+    """Every judged run, oldest first."""
+    path = path or HISTORY
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_history(entries: Iterable[Mapping[str, Any]], path: Path | None = None) -> None:
+    """Keep the history: one compact JSON object per line."""
+    path = path or HISTORY
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(entry, separators=(",", ":")) + "\n" for entry in entries))
+
+
+_ENTRY_KEYS = ("commit", "measured_at", "note", "machine", "scale", "ratios", "health_cost")
+
+
+def _in_order(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """An entry's keys in the history's order, the raw rows last."""
+    first = {key: entry[key] for key in _ENTRY_KEYS if key in entry}
+    return first | {key: value for key, value in entry.items() if key not in first}
+
+
+def fold(entries: list[dict[str, Any]], entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """The history with ``entry`` in it, oldest first. A run already there (the same
+    ``measured_at``: the report read the same figures again) is replaced, keeping the commit
+    and the note it was recorded with."""
+    kept = []
+    for old in entries:
+        if old.get("measured_at") != entry.get("measured_at"):
+            kept.append(old)
+            continue
+        recorded = {key: old[key] for key in ("commit", "note") if old.get(key)}
+        entry = _in_order({**entry, **recorded})
+    return sorted([*kept, entry], key=lambda e: str(e.get("measured_at") or ""))
+
+
+def current_commit() -> str | None:
+    """The checkout's commit, marked when tracked files outside docs/ have changes (the code
+    measured is then not that commit's); None outside a git checkout."""
+    git = ["git", "-C", str(ROOT)]
+    try:
+        head = subprocess.run(
+            [*git, "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        changed = subprocess.run(
+            [*git, "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return f"{head}+changes" if changed else head
+
+
+def _number(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _markdown_bound(bound: str) -> str:
+    return bound.replace("<=", "≤").replace(">=", "≥")
+
+
+def judged_markdown(entry: Mapping[str, Any]) -> list[str]:
+    """A judged run as docs/benchmarks.md shows it: when and where, the verdict per target,
+    and each system's medians."""
+    rows: Rows = entry["runs"]
+    scale = entry.get("scale", {})
+    machine = entry.get("machine", {})
+    measured = str(entry.get("measured_at") or "?")
+    when = measured[:16].replace("T", " ") + " UTC" if len(measured) >= 16 else measured
+    where = [f"{machine['cores']} cores"] if machine.get("cores") else []
+    if load := machine.get("load_average_at_end"):
+        where.append(f"load average {load[0]:.2f} when it ended")
+    if "postgresql" in machine:
+        tls = {True: " read over TLS", False: " read without TLS"}.get(
+            machine.get("postgresql_tls"), ""
+        )
+        where.append(f"PostgreSQL {machine['postgresql']}{tls}")
+    lines = [
+        f"**At {entry.get('commit') or 'an unrecorded commit'}, measured {when}**:"
+        f" {scale.get('events', 0):,} events per catch-up, {len(runs_of(rows))} runs,"
+        f" latency at {scale.get('rate', 0):,} events/s for {scale.get('seconds', '?')} s;"
+        f" {', '.join(where)}."
+        + (f" {entry['note'][0].upper()}{entry['note'][1:]}." if entry.get("note") else "")
+        + " Raw figures: the last line of [`bench/history.jsonl`](bench/history.jsonl).",
+        "",
+        "| verdict | target | median | bound | per run, or beside it |",
+        "|---|---|---|---|---|",
+    ]
+    for line in judged(
+        dict(entry), memory=entry.get("memory") or {}, health_cost=entry.get("health_cost") or {}
+    ):
+        lines.append(
+            f"| {line.mark} | {line.label} | {line.shown} | {_markdown_bound(line.bound)}"
+            f" | {line.detail} |"
+        )
+    lines += [
+        "",
+        "| system (medians) | catch-up, events/s | latency p50 / p99 / p99.9, ms"
+        " | catch-up CPU per event, µs: own / PostgreSQL / broker | peak RSS, MB |",
+        "|---|---|---|---|---|",
+    ]
+    for system in SYSTEMS:
+        if not any(row["system"] == system for row in rows):
+            continue
+        latency = " / ".join(
+            _number(median_figure(rows, system, "latency", key), ".1f")
+            for key in ("p50", "p99", "p999")
+        )
+        cpu = " / ".join(
+            _number(median_figure(rows, system, "drain", f"{key}_cpu_us_per_event"), ".1f")
+            for key, _ in CPU_GROUPS
+        )
+        lines.append(
+            f"| {system} | {_number(median_figure(rows, system, 'drain', 'rate'), ',.0f')}"
+            f" | {latency} | {cpu}"
+            f" | {_number(median_figure(rows, system, 'drain', 'peak_rss_mb'), '.0f')} |"
+        )
+    return lines
+
+
+def judged_block(entry: Mapping[str, Any]) -> list[str]:
+    """The judged-run block of docs/benchmarks.md, its markers included."""
+    return [BLOCK_BEGIN, "", *judged_markdown(entry), "", BLOCK_END]
+
+
+def documented_block(text: str) -> list[str]:
+    """The judged-run block as a document holds it, its markers included."""
+    lines = text.splitlines()
+    if BLOCK_BEGIN not in lines or BLOCK_END not in lines:
+        raise ValueError("no judged-run block (its two marker lines) in the document")
+    begin = lines.index(BLOCK_BEGIN)
+    return lines[begin : lines.index(BLOCK_END, begin) + 1]
+
+
+def with_judged_block(text: str, entry: Mapping[str, Any]) -> str:
+    """The document with its judged-run block written from ``entry``."""
+    lines = text.splitlines()
+    old = documented_block(text)
+    begin = lines.index(BLOCK_BEGIN)
+    return "\n".join([*lines[:begin], *judged_block(entry), *lines[begin + len(old) :]]) + "\n"
+
+
+def trend_lines(entries: Iterable[Mapping[str, Any]]) -> list[str]:
+    """One line per judged run, oldest first: the median ratios of the judged targets."""
+    columns = (
+        ("p50_vs_debezium", "p50"),
+        ("p99_vs_debezium", "p99"),
+        ("drain_vs_send", "drain/send"),
+        ("cpu_vs_debezium", "cpu/Dbz"),
+        ("drain_vs_debezium", "drain/Dbz"),
+    )
+    lines = [
+        f"{'measured (UTC)':16} {'commit':9} {'load':>5} "
+        + " ".join(f"{label:>10}" for _, label in columns)
+        + f" {'sidecar':>7}  note"
+    ]
+    for entry in entries:
+        ratios = entry.get("ratios", {})
+        cells = [_number(ratios.get(key, {}).get("median"), ".2f") for key, _ in columns]
+        load = (entry.get("machine", {}).get("load_average_at_end") or [None])[0]
+        sidecar = (entry.get("health_cost") or {}).get("ratio_to_sidecar_empty")
+        lines.append(
+            f"{str(entry.get('measured_at') or '?')[:16].replace('T', ' '):16}"
+            f" {entry.get('commit') or '?':9} {_number(load, '.1f'):>5} "
+            + " ".join(f"{cell:>10}" for cell in cells)
+            + f" {_number(sidecar, '.2f'):>7}  {entry.get('note', '')}"
+        )
     return lines
 
 
@@ -491,34 +856,73 @@ def plot(document: dict[str, Any], path: Path) -> None:
 
 
 def write_results(path: Path, document: dict[str, Any]) -> None:
-    """Keep one comparison's raw figures as JSON."""
+    """Keep one benchmark's raw figures as JSON."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the report and draw the plot; 1 when any judged target FAILs (or no figures)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    """Print the report, fold make bench's run into the history and the document, draw the
+    plot; 1 when any judged target FAILs (or there are no figures)."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
         "results", nargs="?", type=Path, help="default: BENCH_RESULTS, or " + str(RESULTS)
     )
     parser.add_argument(
         "--plot", type=Path, help="where to draw the plot (default: peers.png beside the figures)"
     )
+    parser.add_argument(
+        "--history", action="store_true", help="print one line per judged run and exit"
+    )
     args = parser.parse_args(argv)
-    args.results = args.results or results_path()
-    # figures read from elsewhere (a trial with BENCH_RESULTS) never overwrite the plot of
-    # the last full run
-    args.plot = args.plot or args.results.with_name(PLOT.name)
-    if not args.results.is_file():
-        print(f"no peer-comparison figures at {args.results}: run `make bench` first")
+    if args.history:
+        print("\n".join(trend_lines(read_history())))
+        return 0
+    source: Path = args.results or results_path()
+    # make bench's own run is kept; figures from anywhere else are a trial
+    keep = source.resolve() == RESULTS.resolve()
+    plot_to: Path | None = args.plot
+    if source.is_file():
+        document = json.loads(source.read_text())
+        entry = history_entry(
+            document,
+            commit=document.get("commit") or (current_commit() if keep else None),
+            health_cost=_loaded(HEALTH_COST),
+            memory=_loaded(memory_figures(source)),
+        )
+        # a trial's plot goes beside its figures, never over the one of the last judged run
+        plot_to = plot_to or source.with_name(PLOT.name)
+        origin = str(source)
+    elif keep and (history := read_history()):
+        entry = history[-1]
+        origin = f"{HISTORY}, its newest line"
+    else:
+        print(f"no peer-comparison figures at {source}: run `make bench` first")
         return 1
-    document = json.loads(args.results.read_text())
-    memory = memory_figures(args.results)
-    print("\n".join(report_lines(document, memory=memory)))
-    plot(document, args.plot)
-    print(f"\nplot: {args.plot}\nraw figures: {args.results}")
-    failed = [line for mark, line in verdict_lines(document, memory=memory) if mark == "FAIL"]
+    memory, health_cost = entry["memory"] or {}, entry["health_cost"] or {}
+    print("\n".join(report_lines(entry, memory=memory, health_cost=health_cost)))
+    if keep:
+        history = fold(read_history(), entry) if source.is_file() else read_history()
+        if source.is_file():
+            write_history(history)
+        text = BENCHMARKS.read_text()
+        try:
+            rewritten = with_judged_block(text, history[-1])
+        except ValueError as exc:
+            print(f"\n{BENCHMARKS}: {exc}")
+            return 1
+        if rewritten != text:
+            BENCHMARKS.write_text(rewritten)
+        print(
+            f"\nhistory: {HISTORY} ({len(history)} judged runs)\n"
+            f"{BENCHMARKS.name}: judged run {'rewritten' if rewritten != text else 'as written'}"
+        )
+    if plot_to is not None:
+        plot(entry, plot_to)
+        print(f"\nplot: {plot_to}")
+    print(f"raw figures: {origin}")
+    judgement = judged(entry, memory=memory, health_cost=health_cost)
+    failed = [line.line for line in judgement if line.mark == "FAIL"]
     if failed:
         print(f"\n{len(failed)} target(s) FAIL:", *failed, sep="\n  ")
         return 1

@@ -285,7 +285,7 @@ async def test_reports_the_scale_out_ratio_of_two_instances(
     bench_database: str, kafka_bootstrap: str, bench_topics: Topics, tmp_path: Path
 ) -> None:
     """Two instances against one, reported, not judged: on two cores a second process has
-    no core to add (docs/benchmarks.md, "The relay alone"). Asserted: both drains delivered
+    no core to add (docs/benchmarks.md#targets). Asserted: both drains delivered
     every event, and with two instances both published (_relay_rate)."""
     first, second = (f"b{uuid.uuid4().hex[:8]}" for _ in range(2))
     for namespace in (first, second):

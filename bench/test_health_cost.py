@@ -106,7 +106,7 @@ async def _one_shot_connect(url: str) -> asyncpg.Connection:
     ``check`` and ``status`` evaluate once per process: each of their statements is
     prepared and planned once, and never reaches the plan cache's choice between a
     generic and a custom plan, which a connection evaluating again and again does
-    (docs/benchmarks.md, "History beyond the look-back window").
+    (docs/benchmarks.md#findings).
     """
     return await asyncpg.connect(url, statement_cache_size=0)
 
@@ -132,8 +132,7 @@ async def _sidecar_costs(sidecars: list[_Sidecar], *, grace_ms: int) -> None:
     A first full evaluation each, then each round: a few hundred new completions with their
     events in every database (committed on its writer, not timed), then one evaluation per
     sidecar, in an order that turns each round. Interleaved, every sidecar meets the same
-    machine: a drift of the machine's speed (here 1.5 x between runs of a few seconds) moves
-    them all, not their ratios.
+    machine: a drift of the machine's speed moves them all, not their ratios.
     """
     policy = parse_policy(POLICY_TEXT.replace("grace_ms = 30000", f"grace_ms = {grace_ms}"))
     for sidecar in sidecars:

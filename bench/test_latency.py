@@ -11,7 +11,7 @@ and, when ``BENCH_BASELINE_SRC`` names another checkout of the project, that che
 its defaults (before/after a change, measured in one run). Ratios are to the first.
 
 A second test splits one event's latency into its stages with the relay in the test's
-own process (docs/benchmarks.md, "Where one event's latency goes").
+own process (docs/benchmarks.md#one-events-latency).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""Peer comparison (issue 14's targets): the relay vs Debezium vs the raw aiokafka producer.
+"""Peer comparison (the targets in docs/benchmarks.md): the relay vs Debezium vs the raw aiokafka producer.
 
 Runs every system through the same catch-up and latency measurements (bench/peers/),
 alternating them over BENCH_RUNS runs, and keeps every run's raw figures in
 docs/bench/results.json (BENCH_RESULTS overrides the path). ``python -m bench.report``
-turns them into PASS/FAIL per target and the plot; ``make bench`` runs both.
+turns them into PASS/FAIL per target, folds them into docs/bench/history.jsonl and draws
+the plot; ``make bench`` runs both.
 
 PostgreSQL is DATABASE_URL's server: Debezium needs ``wal_level=logical``, which the
 project's PostgreSQL 15 has, so every system reads from that same server.
@@ -21,7 +22,7 @@ import pytest
 
 from bench.peers import debezium
 from bench.peers.comparison import Comparison, Scale
-from bench.report import RESULTS, write_results
+from bench.report import RESULTS, current_commit, write_results
 
 pytestmark = pytest.mark.bench
 
@@ -60,6 +61,7 @@ async def test_peer_comparison(kafka_bootstrap: str, tmp_path: Path) -> None:
 
     path = Path(os.environ.get("BENCH_RESULTS", RESULTS))
     document = {
+        "commit": current_commit(),
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "scale": {
             "events": SCALE.events,

@@ -55,8 +55,8 @@ DATABASE_RETRY_MAX_MS = 30_000
 #
 # Every probe is written for its (partial) index, and the tables it reads swing faster than
 # autovacuum re-analyzes them: a scoring_job_state analyzed at a hundred rows and grown to
-# thousands was read whole by the scoring_jobs probe on every evaluation (1.2 ms against
-# 0.2 ms through its index). With sequential scans ruled out the index paths are the
+# thousands was read whole by the scoring_jobs probe on every evaluation, several times
+# the cost of reading its index. With sequential scans ruled out the index paths are the
 # cheapest whatever the statistics say, as on the relay's sessions (relay/store.py). The
 # statements with parameters (the completion check's bounds) run on their cached generic
 # plans: a custom plan per evaluation cost more to plan than to run
@@ -64,7 +64,8 @@ DATABASE_RETRY_MAX_MS = 30_000
 # check needs no transaction of its own for SET LOCAL (session_plans); behind a transaction
 # pooler it keeps that transaction. JIT only adds latency to these short statements, and
 # before PostgreSQL 18 a scan that has no index to take (relay_instance, relay_lane) is
-# priced past jit_above_cost once sequential scans are ruled out: 350-490 ms of compiling.
+# priced past jit_above_cost once sequential scans are ruled out, and compiled on every
+# evaluation.
 SIDECAR_SESSION_SETTINGS = {
     "application_name": "outbox-relay-health",
     "default_transaction_read_only": "on",

@@ -42,6 +42,7 @@ EVENT_COLUMNS: Final = (
     "correlation_ref",
     "causation_ref",
     "traceparent",
+    "tracestate",
     "headers",
     "topic",
 )
@@ -71,7 +72,13 @@ def _access(*privileges: str, update: Iterable[str] = (), insert: Iterable[str] 
 _OUTBOX_FAILURE_COLUMNS = ("attempts", "last_error_class", "next_attempt_at", "quarantined_at")
 _RECEIPT_REPUBLISH_COLUMNS = ("topic", "kafka_partition", "kafka_offset", "published_at")
 _LANE_LEASE_COLUMNS = ("owner_id", "fence", "lease_expires_at")
-_INSTANCE_PROGRESS_COLUMNS = ("heartbeat_at", "last_publish_at", "published_total")
+# The heartbeat also writes the instance's topic template (the sidecar applies its rule).
+_INSTANCE_PROGRESS_COLUMNS = (
+    "heartbeat_at",
+    "last_publish_at",
+    "published_total",
+    "topic_template",
+)
 # Every column a scoring transition sets (complete, fail permanently or retryably, claim,
 # expire, cancel); never the job's identity, its request or its attempt budget.
 _JOB_TRANSITION_COLUMNS = (

@@ -19,7 +19,7 @@ import asyncpg
 
 from contracts.errors import MigrationError, SchemaNotMigrated
 
-_FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_FILE_NAME = re.compile(r"(\d{4})_([a-z0-9_]+)\.sql")
 _NO_TRANSACTION = "-- migrate: no-transaction"
 # An index a no-transaction migration builds, and the table it builds it on.
 _CONCURRENT_INDEX = re.compile(
@@ -105,7 +105,7 @@ def load_migrations(directory: Path | None = None) -> list[Migration]:
         files = [(p.name, p.read_text("utf-8")) for p in directory.glob("*.sql")]
     by_version: dict[int, Migration] = {}
     for name, sql in sorted(files):
-        match = _FILE_NAME.match(name)
+        match = _FILE_NAME.fullmatch(name)
         if match is None:
             raise MigrationError(f"migration file {name!r} is not named NNNN_name.sql")
         version = int(match.group(1))

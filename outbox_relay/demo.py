@@ -156,7 +156,7 @@ async def _feeder(
     database_url: str | None, demo: _Run, stop: anyio.Event, feeding: anyio.Event
 ) -> None:
     """``--rate`` jobs a second until the demo stops (or, bounded, its stories are done)."""
-    rate = demo.options.rate  # at least 1 (settings.FLAG_RANGES)
+    rate = demo.options.rate  # at least 1 (DemoOptions.rate is Positive)
     conn = await connect(database_url)
     try:
         while not (stop.is_set() or feeding.is_set()):

@@ -1,8 +1,8 @@
 """Every ``outbox-relay`` flag, declared once, and the settings each verb resolves from them.
 
 :data:`OPTIONS` names, for every flag, the verbs that take it, its environment variable, its
-default and its help; the command line is generated from it and ``tests/unit`` holds the
-README's configuration table to it. A flag wins over its variable, and an empty variable
+default and its help; the command line is generated from it and ``tests/unit`` holds
+docs/cli.md's configuration table to it. A flag wins over its variable, and an empty variable
 counts as unset. The relay's defaults are :class:`~relay.config.RelayConfig`'s own fields,
 and every integer flag's range is the one declared on the settings field it fills
 (contracts/ranges.py), read here rather than written again.
@@ -86,7 +86,7 @@ class Option:
     env: str | None = None
     # A second variable read when the flag and ``env`` are unset; its resolver says how.
     fallback_env: str | None = None
-    # A default that is no single value ("random per process"), as help and README say it.
+    # A default that is no single value ("random per process"), as help and docs/cli.md say it.
     default_text: str | None = None
     group: str | None = None
 

@@ -49,10 +49,9 @@ def tune_allocator() -> bool:
     produce request and its copies). glibc maps blocks that large on their own and unmaps
     them when they are freed, and hands free memory at the top of its heap back to the
     kernel beyond 128 KiB (both thresholds grow with use, but not past the working set of
-    one batch): every batch faulted the same pages in again, 1.5 minor page faults per
-    event and about a tenth of the relay's CPU in a drain (docs/benchmarks.md, "The
-    allocator"). The peak resident set does not grow: what is kept is what the peak
-    already held.
+    one batch): every batch faulted the same pages in again, a trap into the kernel and a
+    zeroed page each (docs/benchmarks.md#findings). The peak resident set does not grow:
+    what is kept is what the peak already held.
 
     Nothing is set where the operator set glibc's own knobs, or where the C library is
     not glibc.
@@ -71,10 +70,9 @@ def freeze_startup_heap() -> int:
     the garbage collector's sight; returns how many it holds frozen.
 
     Those objects live as long as the process, yet each full collection walked all of
-    them (about 40,000): 20 to 56 ms with the event loop stopped, twice in 20 s at 1,000
-    events/s, and every event waiting meanwhile waited that long (docs/benchmarks.md,
-    "The garbage collector"). Collected first, so nothing that is already garbage stays
-    for good. Frozen objects are still freed when their last reference goes.
+    them with the event loop stopped, and every event waiting meanwhile waited that long
+    (docs/benchmarks.md#findings). Collected first, so nothing that is already garbage
+    stays for good. Frozen objects are still freed when their last reference goes.
     """
     gc.collect()
     gc.freeze()
@@ -89,10 +87,9 @@ def space_young_collections() -> None:
     recorded: the driver's records, the rows, the Kafka records and their headers, several
     thousand tracked objects per fetch. At the default of 700 each batch set off about
     eight young collections that freed nothing and carried it all into the older
-    generations, whose collections then walked it again: 0.5-0.7 s of collector time in a
-    200,000-event drain, against 0.04 s at this threshold (docs/benchmarks.md, "The
-    collector"). Reference counting frees almost all of it anyway; the collector is only
-    there for cycles.
+    generations, whose collections then walked it again (docs/benchmarks.md#findings).
+    Reference counting frees almost all of it anyway; the collector is only there for
+    cycles.
     """
     _, middle, old = gc.get_threshold()
     gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, middle, old)

@@ -1,7 +1,7 @@
 """The relay's configuration: one frozen value built from flags and environment.
 
 The field defaults and ranges here are the relay's only ones: the command line reads them
-from these fields for its flags, its help and the README's configuration table.
+from these fields for its flags, its help and docs/cli.md's configuration table.
 """
 
 from __future__ import annotations

@@ -16,11 +16,12 @@ the producer's life cycle in relay/producer.py.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -35,7 +36,7 @@ from contracts.errors import DatabaseUnavailable
 from contracts.unexpected import log_unexpected, raised_at
 from pgconnect import DB_ERRORS, unavailable_cause
 from relay.config import RelayConfig
-from relay.errors import RelayError, Stopped
+from relay.errors import RecordRejected, RelayError, Stopped
 from relay.housekeeping import OBSERVE_EVERY_MS, Housekeeping, run_rounds
 from relay.inflight import InFlightWindow
 from relay.lanes import LaneKeeper
@@ -57,6 +58,7 @@ from relay.retry import (
 )
 from relay.stopping import unless_stopped
 from relay.store import OutboxStore, Recorded, RelayStore, StoreFactory, create_relay_pool
+from relay.tracing import PublishSpans, PublishTracing
 from relay.wakeups import NotificationListener, WakeUp, listen_plan
 
 log = logging.getLogger(__name__)
@@ -92,6 +94,7 @@ class Batch:
     # Rows not in any submitted batch are either failures found before sending (the
     # submission's failures) or held back because an earlier row of their key failed.
     submission: Submission
+    spans: PublishSpans  # ended once the broker answered (relay/tracing.py)
 
 
 class _Prefetch:
@@ -131,6 +134,7 @@ class Relay:
         *,
         producer_factory: ProducerFactory = make_producer,
         store_factory: StoreFactory = RelayStore,
+        tracer_provider: object = None,
     ) -> None:
         self.config = config
         self.metrics = metrics
@@ -138,6 +142,9 @@ class Relay:
         self._rng = random.Random()  # noqa: S311 - jitter only
         self._producer = ProducerKeeper(
             config, factory=producer_factory, on_backoff=self._wait_on_kafka, rng=self._rng
+        )
+        self._tracing = PublishTracing(
+            client_id=config.instance_id, tracer_provider=tracer_provider
         )
         self._mapper = RecordMapper(
             topic_template=config.topic_template,
@@ -551,6 +558,7 @@ class Relay:
         return bound
 
     async def _send(self, rows: list[OutboxRow], fences: dict[int, int]) -> Batch:
+        spans = self._tracing.start(rows, self._topics_of(rows))
         # Keys held since these rows were fetched are left out where the batches are built:
         # a batch built after a failure was held carries none of its keys.
         submission = await self._producer.submit(
@@ -561,7 +569,13 @@ class Relay:
         self._unanswered.append(submission)
         # Hold the keys now: the next fetch may come before these failures are recorded.
         self._window.hold(row.aggregateid for row, _ in submission.failures)
-        return Batch(rows=rows, fences=fences, submission=submission)
+        return Batch(rows=rows, fences=fences, submission=submission, spans=spans)
+
+    def _topics_of(self, rows: list[OutboxRow]) -> Iterator[str]:
+        """The topics these rows go to (those that have one), for the publish span."""
+        for row in rows:
+            with contextlib.suppress(RecordRejected):
+                yield self._mapper.topic_for(row)
 
     # -- acknowledge and record ------------------------------------------------------------
     async def _ack_loop(self, batches: MemoryObjectReceiveStream[Batch]) -> None:
@@ -604,6 +618,7 @@ class Relay:
             [(len(rows), answer) for rows, answer in acknowledgements]
             + [(1, exc) for _, exc in submission.failures]
         )
+        batch.spans.end(outcome.failed[0][1].label if outcome.failed else None)
         # Until the failure is recorded, the database does not hold the key back yet.
         # Failures found before sending were held back when they were found. Held before
         # anything is submitted again, as Submission.acknowledgements asks.

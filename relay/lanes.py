@@ -62,13 +62,14 @@ class LaneKeeper:
         self._instance_id = instance_id
         self._ttl_ms = ttl_ms
         self._topic_template = topic_template
+        self._template_writable = True
         self.leases = LaneLeases()
 
     async def tick(self, *, in_flight_lanes: set[int]) -> None:
         """One round: heartbeat, renew, rebalance. Raises on database errors."""
         started = time.monotonic()
         async with pooled(self._pool) as conn, conn.transaction():
-            await conn.execute(sql.HEARTBEAT, self._instance_id, self._topic_template)
+            await self._heartbeat(conn)
             renewed = {
                 r["lane"]: r["fence"]
                 for r in await conn.fetch(sql.RENEW_LANES, self._instance_id, self._ttl_ms)
@@ -102,6 +103,23 @@ class LaneKeeper:
         # Lanes beyond the share stop taking new work now and go back once drained.
         self.leases.releasing = set(lanes_to_release(self.leases.fences, target))
         self.leases.valid_until = started + self._ttl_ms / 1000
+
+    async def _heartbeat(self, conn: asyncpg.Connection) -> None:
+        if self._template_writable:
+            try:
+                async with conn.transaction():  # a savepoint: a refusal ends only it
+                    await conn.execute(
+                        sql.HEARTBEAT_WITH_TEMPLATE, self._instance_id, self._topic_template
+                    )
+                return
+            except asyncpg.InsufficientPrivilegeError:
+                self._template_writable = False
+                log.warning(
+                    "cannot record this instance's topic template; the health sidecar "
+                    "holds every held row's key on every topic: run `outbox-relay grant` "
+                    "again for the relay's role"
+                )
+        await conn.execute(sql.HEARTBEAT, self._instance_id)
 
     async def leave(self) -> None:
         """Give every lane back at once so the others need not wait for expiry."""

@@ -19,6 +19,7 @@ RESERVED_HEADERS = frozenset(
         "id",
         "content-type",
         "traceparent",
+        "tracestate",
         "ce_specversion",
         "ce_id",
         "ce_source",
@@ -82,6 +83,8 @@ class OutboxRow(NamedTuple):
     earlier: int | None = None
     """For a cursor fetch: the seq of the last pending row of its key on its topic at or
     below the fetch's start (relay/sql.py, FETCH_READY), if any."""
+    tracestate: str | None = None
+    """The W3C tracestate that goes with ``traceparent`` (migration 0008)."""
 
 
 class KafkaRecord(NamedTuple):
@@ -123,11 +126,11 @@ class RecordMapper:
         self._second_prefix = b""
 
     def _time_header(self, created_at: datetime | None) -> bytes:
-        """``ce_time``: RFC 3339 in UTC with microseconds, as ``to_char`` printed it before.
+        """``ce_time``: RFC 3339 in UTC with microseconds, byte for byte as PostgreSQL's
+        ``to_char`` prints it.
 
         Consecutive rows fall in the same second nearly always, so the date and time of
-        day are formatted once per second and only the microseconds per row
-        (docs/benchmarks.md, "created_at in binary").
+        day are formatted once per second and only the microseconds per row.
         """
         if created_at is None:
             raise RecordRejected(
@@ -170,8 +173,7 @@ class RecordMapper:
                 "too_large", f"the row's text is {row.size} bytes; it was not fetched"
             )
         # The hot path of every event: attributes read once, constant headers prebuilt,
-        # tuples built positionally (docs/benchmarks.md, "The relay's own CPU is the drain's
-        # bound").
+        # tuples built positionally (docs/benchmarks.md#the-drain).
         (_, event_id_text, aggregatetype, aggregateid, event_type, payload, tenant_ref,
          schema_version, correlation_ref, causation_ref, traceparent, own_headers, row_topic,
          created_at) = row[:14]  # fmt: skip
@@ -202,6 +204,8 @@ class RecordMapper:
                 self._on_void_traceparent()  # forwarded, it would restart nothing but noise
             else:
                 headers.append(("traceparent", traceparent.encode()))
+                if row.tracestate is not None:
+                    headers.append(("tracestate", row.tracestate.encode()))
         if tenant_ref is not None:
             headers.append(("tenant_ref", tenant_ref.encode()))
         if schema_version is not None:

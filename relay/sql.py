@@ -57,7 +57,8 @@ SELECT r.seq, r.id,
        CASE WHEN r.fits THEN r.traceparent END,
        CASE WHEN r.fits THEN r.headers END,
        CASE WHEN r.fits THEN r.topic END,
-       r.created_at, r.lane, r.attempts, r.holds_key, r.size, r.earlier
+       r.created_at, r.lane, r.attempts, r.holds_key, r.size, r.earlier,
+       CASE WHEN r.fits THEN r.tracestate END
 FROM (
     SELECT s.*, s.size <= $6 AS fits,
            sum(CASE WHEN s.size <= $6 THEN s.size ELSE 0 END) OVER (ORDER BY s.seq)
@@ -71,12 +72,13 @@ FROM (
                + coalesce(octet_length(c.correlation_ref), 0)
                + coalesce(octet_length(c.causation_ref), 0)
                + coalesce(octet_length(c.traceparent), 0)
+               + coalesce(octet_length(c.tracestate), 0)
                + coalesce(octet_length(c.headers), 0) + coalesce(octet_length(c.topic), 0)
                    AS size
         FROM (
             SELECT o.seq, o.id::text AS id, o.aggregatetype, o.aggregateid, o.type,
                    o.payload::text AS payload, o.tenant_ref, o.schema_version,
-                   o.correlation_ref, o.causation_ref, o.traceparent,
+                   o.correlation_ref, o.causation_ref, o.traceparent, o.tracestate,
                    o.headers::text AS headers, o.topic,
                    -- in binary, formatted by the relay (relay/records.py, "ce_time");
                    -- NULL outside the years RFC 3339 (and Python) can carry, which the
@@ -165,9 +167,9 @@ SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM outbox_seq_seq
 # Written twice (_record_published): RECORD_PUBLISHED is a plain INSERT of the receipts,
 # RECORD_REPUBLISHED updates a receipt already there (an event published again, same id).
 # The upsert's speculative insertion probes the primary key once more per row and logs
-# one more WAL record per row: on 1,000-row batches it cost 18% more time, 28% more
-# buffers and 11% more WAL. So the plain statement goes first; when it meets an existing
-# receipt it fails as a whole, having changed nothing, and the upsert runs instead.
+# one more WAL record per row, on every batch, for an event that is almost never there.
+# So the plain statement goes first; when it meets an existing receipt it fails as a
+# whole, having changed nothing, and the upsert runs instead.
 _RECEIPT_CONFLICT = """
     ON CONFLICT (id) DO UPDATE
     SET topic = EXCLUDED.topic, kafka_partition = EXCLUDED.kafka_partition,
@@ -246,8 +248,15 @@ WHERE current_setting(w.name) <> w.wanted
 ORDER BY w.name
 """
 
-# The topic template ($2) lets the health sidecar find a row's topic as this instance does.
 HEARTBEAT = """
+INSERT INTO relay_instance (instance_id) VALUES ($1)
+ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = clock_timestamp()
+"""
+
+# The heartbeat with the instance's topic template ($2), which lets the health sidecar find
+# a row's topic as this instance does (a role granted before the column existed may not
+# update it: then the plain heartbeat, and the sidecar's rule without a template).
+HEARTBEAT_WITH_TEMPLATE = """
 INSERT INTO relay_instance (instance_id, topic_template) VALUES ($1, $2)
 ON CONFLICT (instance_id) DO UPDATE
 SET heartbeat_at = clock_timestamp(), topic_template = EXCLUDED.topic_template

@@ -20,6 +20,7 @@ from contracts.envelope import (
 )
 from scoring.errors import EventIdMismatch, EventTooLarge, InvalidArgument, InvalidEnvelope
 from scoring.event_id import OutcomeKind, terminal_event_id
+from scoring.tracing import current_trace_context
 
 AGGREGATE_TYPE: Final = "scoring_job"
 COMPLETED_EVENT_TYPE: Final = "scoring.result.completed"
@@ -35,6 +36,7 @@ DEFAULT_MAX_EVENT_BYTES: Final = 1_000_000
 _OCCURRED_AT_PLACEHOLDER: Final = 9_999_999_999_999
 
 _TRACEPARENT_HEX: Final = frozenset("0123456789abcdef")
+_TRACESTATE_MAX: Final = 512
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,7 +49,10 @@ class EventDetails:
     schema_version: str
     causation_ref: str | None = None
     event_type: str | None = None  # None: COMPLETED_EVENT_TYPE or FAILED_EVENT_TYPE
+    # W3C trace context; without one, the current OpenTelemetry span's, when there is one
+    # (scoring/tracing.py).
     traceparent: str | None = None
+    tracestate: str | None = None  # only with a traceparent
     event_id: uuid.UUID | None = None  # when given, must equal the derived id
     # The largest outbox payload accepted: keep it under the topic's max.message.bytes less
     # the key, headers and batch overhead. The default fits Kafka's default (1 MiB).
@@ -111,6 +116,17 @@ def _check_traceparent(value: str) -> None:
         )
 
 
+def _check_tracestate(value: str, *, with_traceparent: bool) -> None:
+    # W3C Trace Context: list members of printable ASCII, 512 characters at most, and only
+    # beside a traceparent (the outbox's CHECK takes the first two).
+    if not with_traceparent:
+        raise EnvelopeError("tracestate", "needs a traceparent")
+    if len(value) > _TRACESTATE_MAX or not (value.isascii() and value.isprintable()):
+        raise EnvelopeError(
+            "tracestate", f"must be at most {_TRACESTATE_MAX} characters of printable ASCII"
+        )
+
+
 # -- the event ---------------------------------------------------------------------------
 
 
@@ -124,6 +140,7 @@ class PreparedEvent:
     envelope: Envelope  # occurred_at_unix_ms is a placeholder until stamped
     data: dict[str, JsonValue]
     traceparent: str | None
+    tracestate: str | None = None
 
     def body(self, occurred_at_unix_ms: int) -> str:
         """The outbox payload: ``{"envelope": …, "data": …}`` as canonical JSON text."""
@@ -152,9 +169,14 @@ def prepare_event(
     event_type = details.event_type
     if event_type is None:
         event_type = COMPLETED_EVENT_TYPE if kind is OutcomeKind.COMPLETED else FAILED_EVENT_TYPE
+    traceparent, tracestate = details.traceparent, details.tracestate
+    if traceparent is None and tracestate is None and (current := current_trace_context()):
+        traceparent, tracestate = current
     try:
-        if details.traceparent is not None:
-            _check_traceparent(details.traceparent)
+        if traceparent is not None:
+            _check_traceparent(traceparent)
+        if tracestate is not None:
+            _check_tracestate(tracestate, with_traceparent=traceparent is not None)
         digest = payload_digest(data)
         envelope = Envelope(
             event_ref=str(event_id),
@@ -170,7 +192,9 @@ def prepare_event(
         )
     except EnvelopeError as exc:
         raise InvalidEnvelope(str(exc), field=exc.field, job_ref=job_ref) from None
-    prepared = PreparedEvent(event_id, job_ref, outcome_ref, envelope, data, details.traceparent)
+    prepared = PreparedEvent(
+        event_id, job_ref, outcome_ref, envelope, data, traceparent, tracestate
+    )
     size = len(prepared.body(_OCCURRED_AT_PLACEHOLDER).encode("utf-8"))
     if size > details.max_event_bytes:
         raise EventTooLarge(

@@ -89,8 +89,8 @@ WHERE id = $1
 
 INSERT_EVENT_SQL: Final = """
 INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, tenant_ref,
-                    schema_version, correlation_ref, causation_ref, traceparent)
-VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10)
+                    schema_version, correlation_ref, causation_ref, traceparent, tracestate)
+VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11)
 ON CONFLICT (id) DO NOTHING
 RETURNING id
 """

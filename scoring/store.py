@@ -111,6 +111,7 @@ async def enqueue_event(
             envelope.correlation_ref,
             envelope.causation_ref,
             event.traceparent,
+            event.tracestate,
         )
         if inserted is not None:
             return Enqueue.INSERTED

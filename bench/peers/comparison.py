@@ -42,7 +42,7 @@ LATENCY_SYSTEMS = ("relay", "debezium-poll1ms", "debezium-poll10ms", "raw-send")
 # The two systems of each phase's tightest target run back to back, each first in turn: a
 # neighbour's load on a shared machine comes and goes within a minute, and a drain lasts a
 # few seconds, so a ratio of two drains a minute apart measured the neighbour as much as
-# the systems (docs/benchmarks.md, "Setup", the runs). The drain pair runs twice, A B B A,
+# the systems (docs/benchmarks.md#setup, the runs). The drain pair runs twice, A B B A,
 # and each system's figure of the run is its mean: the machine also drifts within a run.
 DRAIN_PAIR = ("relay", "raw-send")
 LATENCY_PAIR = ("relay", "debezium-poll1ms")
@@ -70,7 +70,7 @@ class Scale:
 
     @classmethod
     def from_env(cls) -> Scale:
-        """The scale the environment asks for (defaults: the issue's)."""
+        """The scale the environment asks for (defaults: the targets' own scale)."""
         return cls(
             events=int(os.environ.get("BENCH_EVENTS", "200000")),
             runs=int(os.environ.get("BENCH_RUNS", "3")),

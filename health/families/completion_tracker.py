@@ -221,15 +221,15 @@ UNION ALL
 # Both statements run in a read-only transaction of their own, on their generic plans.
 # With the bounds as parameters PostgreSQL would otherwise plan statement 2 on every
 # evaluation: it prices the generic plan for an unknown range (a share of the whole table)
-# above a custom plan for the few rows actually in range, and planning cost 1-5 ms against
-# 0.1 ms to run it — the whole difference between an empty and a million-job history. A
-# generic plan is built once per connection (again after ANALYZE or a schema change), from
-# statistics that may be stale or from a table still empty, so sequential scans are ruled
-# out: the index paths are then the cheapest whatever the statistics say (statement 1's
-# newest-terminal guard included, which on a small table's statistics read it whole). Each
-# statement of a READ COMMITTED transaction takes its own snapshot, statement 2's after
-# statement 1, as the xact_start rule needs; SET LOCAL ends with the transaction, also
-# behind a transaction pooler.
+# above a custom plan for the few rows actually in range, and planning would cost many
+# times more than running it: the whole difference between an empty and a million-job
+# history. A generic plan is built once per connection (again after ANALYZE or a schema
+# change), from statistics that may be stale or from a table still empty, so sequential
+# scans are ruled out: the index paths are then the cheapest whatever the statistics say
+# (statement 1's newest-terminal guard included, which on a small table's statistics read
+# it whole). Each statement of a READ COMMITTED transaction takes its own snapshot,
+# statement 2's after statement 1, as the xact_start rule needs; SET LOCAL ends with the
+# transaction, also behind a transaction pooler.
 GENERIC_PLAN_TRANSACTION = (
     "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY;"
     " SET LOCAL plan_cache_mode = force_generic_plan;"

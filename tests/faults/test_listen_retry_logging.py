@@ -1,5 +1,5 @@
 """A LISTEN connection that cannot be opened is logged once per change of state, not once
-per retry (README: `run` "logs each change of state once"), and once when it recovers.
+per retry (docs/cli.md: `run` "logs each change of state once"), and once when it recovers.
 
 The relay's own pool and the sidecar use the real database; only ``--listen-database-url``
 points at a fault proxy. First the proxy's upstream is a port nothing listens on, so every

@@ -7,8 +7,8 @@ connection stays healthy. Every scenario first proves its fault happened, then d
 everything, reads the topic as a default consumer does and checks each key: first
 occurrences (by ``id``) in commit order, and the last record is the latest committed event.
 
-Each scenario failed on the relay before the issue-9 fix (the comment above it says how: the
-order the topic read); relay/producer_reset.py and the publisher's per-partition hand-over
+Each scenario failed on the relay before per-key order was held under faults (the comment
+above it says how: the order the topic read); relay/producer_reset.py and the publisher's per-partition hand-over
 are what make them pass (docs/relay.md, "Guarantees and their limits").
 """
 
@@ -165,7 +165,7 @@ async def _raise_limit_and_redrive(bootstrap: str, topic: str, database_url: str
 
 
 # -- 1 ----------------------------------------------------------------------------------------------
-# Broke before the issue-9 fix: a lane is handed over while the old owner is still inside the
+# Broke before order was held under faults: a lane is handed over while the old owner is still inside the
 # producer's submit (metadata wait), so its stale copies of r1, r2 land after the new owner's
 # r1, r2, r3
 # (the topic read 1, 2, 3, 1, 2.)
@@ -214,7 +214,7 @@ async def test_hand_over_during_a_slow_send_keeps_key_order(
 
 
 # -- 2 ----------------------------------------------------------------------------------------------
-# Broke before the issue-9 fix: on SIGTERM a relay with a stalled broker path hands its lanes
+# Broke before order was held under faults: on SIGTERM a relay with a stalled broker path hands its lanes
 # back while its producer still holds a batch it gave up on; that stale copy lands after the
 # next owner's newer events once the path heals
 # (the topic read 1, 2, 3, 2.)
@@ -272,7 +272,7 @@ async def _owned_by(db: asyncpg.Connection, lane: int, owner: str) -> bool:
 
 
 # -- 3 ----------------------------------------------------------------------------------------------
-# Broke before the issue-9 fix: the broker rejects r1 (larger than the topic's
+# Broke before order was held under faults: the broker rejects r1 (larger than the topic's
 # max.message.bytes) on the producer's first write while r2, r3 of the key are already
 # pipelined; they are published and r1 follows after the fix and redrive
 # (the topic read 2, 3, 1.)
@@ -319,7 +319,7 @@ async def test_broker_rejection_with_later_records_pipelined_keeps_key_order(
 
 
 # -- 4 ----------------------------------------------------------------------------------------------
-# Broke before the issue-9 fix: inside one multi-topic submit r1's metadata lookup fails, but
+# Broke before order was held under faults: inside one multi-topic submit r1's metadata lookup fails, but
 # r2 of the same key (a later lookup) still goes out; r1 follows on retry
 # (the topic read 2, 1.)
 async def test_failure_inside_a_multi_partition_submit_keeps_key_order(
@@ -352,7 +352,7 @@ async def test_failure_inside_a_multi_partition_submit_keeps_key_order(
     await _check_key_order(db, kafka_bootstrap, writer, "order-1", a)
 
 
-# Broke before the issue-9 fix: one submit puts a key's rows into two batches of one
+# Broke before order was held under faults: one submit puts a key's rows into two batches of one
 # partition; the broker rejects the first (larger than the topic's max.message.bytes) and
 # accepts the second, so the later events come first
 # (the topic read 13, 14, 1, ..., 12.)
@@ -390,7 +390,7 @@ DRAIN_TIMEOUT_S = 3.0
 EXIT_MARGIN_S = 2.0
 
 
-# Broke before the issue-9 fix: with a stalled broker path the producer's flush on stop has no
+# Broke before order was held under faults: with a stalled broker path the producer's flush on stop has no
 # bound, so SIGTERM outlives --drain-timeout-ms
 # (the relay was still running 12 s after SIGTERM with a 3 s drain timeout.)
 async def test_sigterm_under_a_stalled_path_exits_within_the_drain_timeout(

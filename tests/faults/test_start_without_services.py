@@ -1,5 +1,5 @@
 """`outbox-relay run` starts while PostgreSQL and the broker are unreachable, says so, and
-recovers once they answer (issue: availability, item 4).
+recovers once they answer.
 
 Nothing listens at first on the addresses the process is given (a free port for PostgreSQL,
 a proxied broker listener's advertised port for Kafka): from the process' side that is a

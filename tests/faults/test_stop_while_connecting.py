@@ -1,5 +1,5 @@
 """SIGTERM while a connect is stalled: `outbox-relay run` still exits 0 within its drain
-timeout (README, "Stopping": "also when the path to the broker stalls").
+timeout (docs/relay.md, "Stopping").
 
 The stalled path is a :class:`FaultProxy` in its stall mode: it accepts every connection
 and forwards nothing, the way a path that silently drops everything looks to the client.

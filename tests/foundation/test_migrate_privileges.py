@@ -80,7 +80,7 @@ async def test_migrate_without_ownership_of_scoring_job_state_fails_in_one_line_
 
             url = with_login(empty_database_url, migrator, quote(password, safe=""))
             refused = await run_cli("migrate", "--database-url", url)
-            assert refused.code == 1, refused.output  # README: a failed migration is exit 1
+            assert refused.code == 1, refused.output  # docs/cli.md: a failed migration is exit 1
             line = assert_one_clean_error_line(refused, password)
             assert "ownership of table scoring_job_state" in line, line
             assert scoring_owner in line, line  # whose role to run as, or be a member of
@@ -110,7 +110,7 @@ async def test_migrate_as_a_role_that_may_not_create_in_the_schema_fails_in_one_
             await admin.execute(f'REVOKE CREATE ON SCHEMA public FROM PUBLIC, "{migrator}"')
             url = with_login(empty_database_url, migrator, quote(password, safe=""))
             refused = await run_cli("migrate", "--database-url", url)
-            assert refused.code == 1, refused.output  # README: lacks a privilege → 1
+            assert refused.code == 1, refused.output  # docs/cli.md: lacks a privilege → 1
             line = assert_one_clean_error_line(refused, password)
             assert "permission denied for schema public (42501)" in line, line
             assert "schema owner" in line, line  # what to do about it

@@ -402,8 +402,8 @@ async def test_each_committed_transaction_notifies(
 
 async def test_a_default_id_is_a_time_ordered_uuidv7(tx: asyncpg.Connection) -> None:
     # Receipts are keyed by the event id: a random one lands every receipt's index entry in
-    # a random leaf of an index that the retention window makes large (docs/benchmarks.md,
-    # "Time-ordered event ids"). A default id starts with the insert's Unix milliseconds.
+    # a random leaf of an index that the retention window makes large
+    # (docs/benchmarks.md#findings). A default id starts with the insert's Unix milliseconds.
     before_ms = int(await tx.fetchval("SELECT extract(epoch FROM clock_timestamp()) * 1000"))
     ids = []
     for _ in range(3):

@@ -1,7 +1,7 @@
 """What the development servers must offer beyond the schema (scripts/services declares it).
 
-The benchmarks measure the relay's hot statements where they run (docs/benchmarks.md,
-"Where one event's latency goes"): on every server the suite and ``make bench`` use,
+The benchmarks measure the relay's hot statements where they run
+(docs/benchmarks.md#one-events-latency): on every server the suite and ``make bench`` use,
 ``pg_stat_statements`` has to be preloaded, or the breakdown can only say the server's
 cost is unknown.
 """

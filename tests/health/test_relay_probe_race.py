@@ -2,8 +2,8 @@
 
 The probe's clock is its statement's start. A transaction that locks the outbox after that
 instant, but before the probe reads ``pg_locks`` and ``pg_stat_activity``, has an
-``xact_start`` later than the probe's clock. The ten-minute soak caught this once (1 ms
-apart), and the relay family's future-timestamp guard turned it ``unknown``: a false alarm.
+``xact_start`` later than the probe's clock, and the relay family's future-timestamp guard
+turned it ``unknown``: a false alarm.
 
 This test stages the interleaving on the real server, deterministically. The probe's
 connection resolves ``relay_instance`` through a view in a schema of its own, placed first on

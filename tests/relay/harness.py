@@ -65,12 +65,17 @@ class RunningRelay:
 
 @contextlib.asynccontextmanager
 async def running_relay(
-    config: RelayConfig, *, store_factory: StoreFactory = RelayStore
+    config: RelayConfig, *, store_factory: StoreFactory = RelayStore, tracer_provider: Any = None
 ) -> AsyncIterator[RunningRelay]:
     """A relay running in this event loop; ``store_factory`` lets a test hand it a store
     that pauses or fails at a named step (a subclass of RelayStore)."""
     registry = CollectorRegistry()
-    relay = Relay(config, RelayMetrics.register(registry), store_factory=store_factory)
+    relay = Relay(
+        config,
+        RelayMetrics.register(registry),
+        store_factory=store_factory,
+        tracer_provider=tracer_provider,
+    )
     stop = anyio.Event()
     task = asyncio.create_task(relay.run(stop), name=f"relay {config.instance_id}")
     running = RunningRelay(relay, stop, task, registry)

@@ -60,6 +60,12 @@ async def _all_published(db: asyncpg.Connection, ids: list[Any]) -> bool:
     return await _receipts(db, ids) == len(ids)
 
 
+async def _quarantined(db: asyncpg.Connection, row: asyncpg.Record) -> bool:
+    return bool(
+        await db.fetchval("SELECT quarantined_at IS NOT NULL FROM outbox WHERE id = $1", row["id"])
+    )
+
+
 # -- a key no index entry can hold ---------------------------------------------------------------
 async def test_a_long_key_whose_publish_fails_does_not_stop_the_other_rows_receipts(
     db: asyncpg.Connection,
@@ -77,12 +83,7 @@ async def test_a_long_key_whose_publish_fails_does_not_stop_the_other_rows_recei
     with caplog.at_level(logging.WARNING, logger="relay.engine"):
         async with running_relay(config):
             await wait_until(lambda: _receipts(db, [r["id"] for r in healthy]), timeout=30)  # some
-            await wait_until(
-                lambda: db.fetchval(
-                    "SELECT quarantined_at IS NOT NULL FROM outbox WHERE id = $1", failing["id"]
-                ),
-                timeout=30,
-            )
+            await wait_until(lambda: _quarantined(db, failing), timeout=30)
             assert await _receipts(db, [r["id"] for r in healthy]) == 20
     attempts, cause, quarantined = await db.fetchrow(STATE, failing["id"])
     assert (attempts, cause, quarantined) == (2, "invalid_topic", True)
@@ -184,12 +185,7 @@ async def test_payloads_far_over_the_record_limit_are_quarantined_without_being_
             ids = [r["id"] for r in just_under + small]
             await wait_until(lambda: _all_published(db, ids), timeout=120)
             for row in huge:
-                await wait_until(
-                    lambda row=row: db.fetchval(  # type: ignore[misc]
-                        "SELECT quarantined_at IS NOT NULL FROM outbox WHERE id = $1", row["id"]
-                    ),
-                    timeout=30,
-                )
+                await wait_until(lambda row=row: _quarantined(db, row), timeout=30)
             fetched_whole = running.metric("outbox_relay_fetched_bytes_total")
         received = proxy.counters().forwarded_down
     states = [tuple(await db.fetchrow(STATE, row["id"])) for row in huge]
@@ -232,12 +228,7 @@ async def test_with_one_topic_for_every_aggregatetype_the_same_key_is_held(
     )
     async with running_relay(config):
         await wait_until(lambda: _receipts(db, [unrelated["id"]]), timeout=30)
-        await wait_until(
-            lambda: db.fetchval(
-                "SELECT quarantined_at IS NOT NULL FROM outbox WHERE id = $1", held["id"]
-            ),
-            timeout=30,
-        )
+        await wait_until(lambda: _quarantined(db, held), timeout=30)
         await asyncio.sleep(1.0)  # several passes
         assert await _receipts(db, [other["id"]]) == 0  # same topic, same key: it waits
 
@@ -373,12 +364,7 @@ async def test_a_row_routed_outside_the_allowed_topics_is_quarantined_at_once(
     )
     async with running_relay(config) as running:
         await wait_until(lambda: _receipts(db, [inside["id"]]), timeout=30)
-        await wait_until(
-            lambda: db.fetchval(
-                "SELECT quarantined_at IS NOT NULL FROM outbox WHERE id = $1", outside["id"]
-            ),
-            timeout=30,
-        )
+        await wait_until(lambda: _quarantined(db, outside), timeout=30)
         counted = running.metric(
             "outbox_relay_failed_events_total", {"error_class": "topic_not_allowed"}
         )
@@ -425,12 +411,7 @@ async def test_a_row_that_always_fails_unexpectedly_ends_quarantined_with_the_er
     task = asyncio.create_task(relay.run(stop))  # type: ignore[arg-type]
     try:
         await wait_until(lambda: _receipts(db, [fine["id"]]), timeout=30)
-        await wait_until(
-            lambda: db.fetchval(
-                "SELECT quarantined_at IS NOT NULL FROM outbox WHERE id = $1", surprise["id"]
-            ),
-            timeout=60,
-        )
+        await wait_until(lambda: _quarantined(db, surprise), timeout=60)
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=30)

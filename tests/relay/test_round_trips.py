@@ -1,8 +1,8 @@
 """The relay's hot path talks to PostgreSQL as little as it can.
 
 Every statement the relay sends is a round trip to the server, and on a small machine
-each costs the relay, the server and the scheduler far more than the statement itself:
-at 1,000 events/s the relay spent half a core mostly writing to sockets. A fetch is one
+each costs the relay, the server and the scheduler far more than the statement itself,
+mostly in writing to sockets. A fetch is one
 statement and recording a published batch is one statement, including the end of its
 transaction and the release of its pooled connection (the relay's sessions keep no
 state to reset).
@@ -56,9 +56,15 @@ def counted_statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
 
 async def _held_lanes(db: asyncpg.Connection) -> dict[int, int]:
-    await db.execute(sql.HEARTBEAT, INSTANCE, DEFAULT_TOPIC_TEMPLATE)
+    await db.execute(sql.HEARTBEAT, INSTANCE)
     rows = await db.fetch(sql.CLAIM_LANES, INSTANCE, 60_000, sql.LANE_COUNT)
     return {row["lane"]: row["fence"] for row in rows}
+
+
+def _store(pool: asyncpg.Pool) -> RelayStore:
+    return RelayStore(
+        pool, instance_id=INSTANCE, topic_template=DEFAULT_TOPIC_TEMPLATE, fetch_max_bytes=1 << 20
+    )
 
 
 async def test_a_fetch_and_the_record_of_a_published_batch_are_one_statement_each(
@@ -69,12 +75,7 @@ async def test_a_fetch_and_the_record_of_a_published_batch_are_one_statement_eac
     fences = await _held_lanes(db)
     pool = await create_relay_pool(database_url)
     try:
-        store = RelayStore(
-            pool,
-            instance_id=INSTANCE,
-            topic_template=DEFAULT_TOPIC_TEMPLATE,
-            fetch_max_bytes=1 << 20,
-        )
+        store = _store(pool)
         await store.fetch_ready(list(range(sql.LANE_COUNT)), 0, 10)  # statements prepared
         with counted_statements(monkeypatch) as sent:
             rows = await store.fetch_ready(list(range(sql.LANE_COUNT)), 0, 10)
@@ -116,12 +117,7 @@ async def test_an_event_published_before_gets_its_receipt_moved_to_the_new_offse
     fences = await _held_lanes(db)
     pool = await create_relay_pool(database_url)
     try:
-        store = RelayStore(
-            pool,
-            instance_id=INSTANCE,
-            topic_template=DEFAULT_TOPIC_TEMPLATE,
-            fetch_max_bytes=1 << 20,
-        )
+        store = _store(pool)
         rows = await store.fetch_ready(list(range(sql.LANE_COUNT)), 0, 10)
         with counted_statements(monkeypatch) as sent:
             recorded = await store.record_outcome(
@@ -152,12 +148,7 @@ async def test_the_bookkeeping_commit_setting_does_not_stay_on_the_pooled_connec
     fences = await _held_lanes(db)
     pool = await create_relay_pool(database_url)
     try:
-        store = RelayStore(
-            pool,
-            instance_id=INSTANCE,
-            topic_template=DEFAULT_TOPIC_TEMPLATE,
-            fetch_max_bytes=1 << 20,
-        )
+        store = _store(pool)
         rows = await store.fetch_ready(list(range(sql.LANE_COUNT)), 0, 10)
         group = PublishedGroup("t", 0, 0, rows)
         await store.record_outcome(fences, [group], [], [], max_attempts=5)

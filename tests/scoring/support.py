@@ -204,6 +204,7 @@ async def insert_event_row(
         env.correlation_ref,
         env.causation_ref,
         prepared.traceparent,
+        prepared.tracestate,
     )
 
 

@@ -434,3 +434,74 @@ async def test_the_event_size_limit_is_the_callers_to_set(
     outcome = await complete_claimed(payload={"blob": "x" * 500}, event=small)
     assert outcome.completion is Completion.COMPLETED
     assert len(await events(db)) == 1
+
+
+# -- trace context -------------------------------------------------------------------------------
+@OUTCOMES
+async def test_an_event_written_inside_a_span_carries_its_trace_context(
+    db: asyncpg.Connection, details: EventDetails, outcome: Outcome, claimed: ClaimedJob
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import TraceState, set_span_in_context
+    from opentelemetry.trace.span import NonRecordingSpan, SpanContext, TraceFlags
+
+    parent = SpanContext(
+        0x4BF92F3577B34DA6A3CE929D0E0E4736,
+        0x00F067AA0BA902B7,
+        is_remote=True,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        trace_state=TraceState([("vendor", "opaque")]),
+    )
+    tracer = TracerProvider().get_tracer("test")
+    with tracer.start_as_current_span(
+        "work", context=set_span_in_context(NonRecordingSpan(parent))
+    ) as span:
+        await outcome.apply(
+            db,
+            fencing_token=claimed.fencing_token,
+            data=RESULT,
+            event=dataclasses.replace(details, traceparent=None),
+        )
+        context = span.get_span_context()
+    [event] = await events(db)
+    assert event["traceparent"] == f"00-{context.trace_id:032x}-{context.span_id:016x}-01"
+    assert event["tracestate"] == "vendor=opaque"
+
+
+async def test_the_caller_s_own_trace_context_wins_over_the_current_span(
+    db: asyncpg.Connection, details: EventDetails, claimed: ClaimedJob
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    with TracerProvider().get_tracer("test").start_as_current_span("work"):
+        await COMPLETION.apply(
+            db,
+            fencing_token=claimed.fencing_token,
+            data=RESULT,
+            event=dataclasses.replace(details, tracestate="vendor=mine"),
+        )
+    [event] = await events(db)
+    assert (event["traceparent"], event["tracestate"]) == (TRACEPARENT, "vendor=mine")
+
+
+@pytest.mark.parametrize(
+    ("traceparent", "tracestate"),
+    [(None, "vendor=x"), (TRACEPARENT, "x" * 513), (TRACEPARENT, "vendor=\u00e9")],
+    ids=["without-traceparent", "too-long", "not-ascii"],
+)
+async def test_a_tracestate_the_contract_does_not_take_is_refused_before_any_write(
+    db: asyncpg.Connection,
+    details: EventDetails,
+    claimed: ClaimedJob,
+    traceparent: str | None,
+    tracestate: str,
+) -> None:
+    with pytest.raises(InvalidEnvelope) as refused:
+        await COMPLETION.apply(
+            db,
+            fencing_token=claimed.fencing_token,
+            data=RESULT,
+            event=dataclasses.replace(details, traceparent=traceparent, tracestate=tracestate),
+        )
+    assert refused.value.field == "tracestate"
+    assert await events(db) == []

@@ -33,7 +33,7 @@ WRITER = {
 EVENT_WRITER = {
     **_NOTHING,
     "outbox": "INSERT(aggregateid, aggregatetype, causation_ref, correlation_ref, headers, id, "
-    "payload, schema_version, tenant_ref, topic, traceparent, type)",
+    "payload, schema_version, tenant_ref, topic, traceparent, tracestate, type)",
 }
 
 RELAY = {
@@ -43,7 +43,7 @@ RELAY = {
     "UPDATE(kafka_offset, kafka_partition, published_at, topic)",
     "relay_lane": "SELECT, UPDATE(fence, lease_expires_at, owner_id)",
     "relay_instance": "SELECT, INSERT, DELETE, "
-    "UPDATE(heartbeat_at, last_publish_at, published_total)",
+    "UPDATE(heartbeat_at, last_publish_at, published_total, topic_template)",
     "outbox_relay_migration": "SELECT",
     "sequence outbox_seq_seq": "SELECT",
 }

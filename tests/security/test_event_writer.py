@@ -39,6 +39,7 @@ CONTRACT = (
     "correlation_ref",
     "causation_ref",
     "traceparent",
+    "tracestate",
     "headers",
     "topic",
 )
@@ -74,6 +75,7 @@ ALLOWED_VALUE = {
     "correlation_ref": "'corr-a'",
     "causation_ref": "'cause-a'",
     "traceparent": "'00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'",
+    "tracestate": "'vendor=opaque'",
     "headers": '\'{"h": "v"}\'::jsonb',
     "topic": "'orders.v1'",
 }

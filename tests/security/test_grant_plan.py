@@ -187,6 +187,7 @@ def test_the_event_writer_inserts_the_contract_columns_and_nothing_else() -> Non
             "correlation_ref",
             "causation_ref",
             "traceparent",
+            "tracestate",
             "headers",
             "topic",
         }
@@ -198,7 +199,8 @@ def test_the_event_writer_inserts_the_contract_columns_and_nothing_else() -> Non
     assert plan.statements[:2] == (
         'REVOKE ALL ON TABLE public.outbox FROM "app"',
         "GRANT INSERT (aggregateid, aggregatetype, causation_ref, correlation_ref, headers, id, "
-        'payload, schema_version, tenant_ref, topic, traceparent, type) ON TABLE public.outbox TO "app"',
+        "payload, schema_version, tenant_ref, topic, traceparent, tracestate, type) "
+        'ON TABLE public.outbox TO "app"',
     )
 
 

@@ -7,6 +7,7 @@ SASL listeners are in test_kafka_security.py).
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from pathlib import Path
 
@@ -292,3 +293,25 @@ async def test_a_relay_role_granted_before_it_read_the_sequence_still_delivers_a
     said = [r.getMessage() for r in caplog.records if "outbox sequence" in r.getMessage()]
     assert len(said) == 1, said
     assert "outbox-relay grant" in said[0]
+
+
+async def test_a_relay_role_granted_before_the_template_column_still_works(
+    db: asyncpg.Connection,
+    database_url: str,
+    kafka_bootstrap: str,
+    topic_namespace: str,
+    make_role: MakeRole,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Upgraded relays start before `grant` is run again: without UPDATE on the instance's
+    topic template they still heartbeat and publish, and say once what to run."""
+    relay = await make_role("relay")
+    await grant(database_url, relay.name, "relay")
+    await db.execute(f'REVOKE UPDATE (topic_template) ON relay_instance FROM "{relay.name}"')
+    await db.execute(INSERT, "order", "order-1", "order.placed", '{"n": 1}')
+    config = fast_config(relay.url, kafka_bootstrap, topic_namespace)
+    with caplog.at_level(logging.WARNING, logger="relay.lanes"):
+        async with running_relay(config):
+            await wait_until(lambda: db.fetchval("SELECT count(*) = 0 FROM outbox"))
+    said = [r for r in caplog.records if "topic template" in r.getMessage()]
+    assert len(said) == 1

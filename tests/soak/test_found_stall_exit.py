@@ -5,7 +5,7 @@ Its log, in order: ``giving up on what the kafka producer holds`` (reason ``leas
 ending``), ``kafka producer reset``, aiokafka callback errors (``KeyError`` in
 ``MessageAccumulator._pop_batch``), ``publish failed`` (``producer_reset``), ``replacing the
 Kafka producer``, then ``stopped`` 0.2 s later. A relay must not end for what retrying can
-fix (README, exit codes): it must still run when the path comes back.
+fix (docs/cli.md, exit codes): it must still run when the path comes back.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""README's CLI and configuration tables say what ``outbox_relay.options`` declares, both ways.
+"""docs/cli.md's verb and configuration tables say what ``outbox_relay.options`` declares, both
+ways.
 
 Every option with an environment variable has a row in the configuration table with the
 same variable(s) and default, and every row there is declared. Every flag without a variable
-is shown on its verb's line of the CLI table, and every flag shown there is declared.
+is shown on its verb's line of the verb table, and every flag shown there is declared.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 
 from outbox_relay.options import OPTIONS, VERBS, Option
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+CLI_DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 _DAY_MS = 24 * 3600 * 1000
 _ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
 _NOTE = re.compile(r"\s*\(.*\)$")  # "5 (permanent failures before quarantine)" → "5"
@@ -73,7 +74,7 @@ def expand(short: str, previous: str, separator: str) -> str:
 
 
 def parse_default(text: str) -> object:
-    """README's default cell → the value the declaration should hold (or its default text)."""
+    """A default cell → the value the declaration should hold (or its default text)."""
     text = _NOTE.sub("", text).replace("`", "").strip()
     if text in ("—", "none"):
         return None
@@ -87,7 +88,7 @@ def parse_default(text: str) -> object:
 def configuration_table() -> list[Documented]:
     documented = []
     for flags_cell, env_cell, default_cell in table_rows(
-        section(README.read_text(encoding="utf-8"), "### Configuration")
+        section(CLI_DOC.read_text(encoding="utf-8"), "## Configuration")
     ):
         flags: list[str] = []
         for short in (span for span in code_spans(flags_cell) if span.startswith("-")):
@@ -117,8 +118,8 @@ def configuration_table() -> list[Documented]:
 
 
 def verb_table() -> dict[str, set[str]]:
-    """Each verb in the CLI table and the flags its line shows."""
-    lines = section(README.read_text(encoding="utf-8"), "## CLI")
+    """Each verb in the verb table and the flags its line shows."""
+    lines = section(CLI_DOC.read_text(encoding="utf-8"), "## Verbs")
     shown = {}
     for usage, _ in table_rows(lines):
         text = usage.replace("`", "")
@@ -148,7 +149,7 @@ def test_each_flag_has_one_row() -> None:
 @pytest.mark.parametrize("option", WITH_ENV, ids=lambda option: option.flag)
 def test_every_option_with_a_variable_is_documented_as_declared(option: Option) -> None:
     rows = [row for row in CONFIGURATION if row.flag == option.flag]
-    assert rows, f"{option.flag} ({option.env}) is missing from README's table"
+    assert rows, f"{option.flag} ({option.env}) is missing from docs/cli.md's table"
     (row,) = rows
     assert row.env == option.env
     assert row.more_env == frozenset({option.fallback_env} - {None})
@@ -158,7 +159,7 @@ def test_every_option_with_a_variable_is_documented_as_declared(option: Option) 
 @pytest.mark.parametrize("row", CONFIGURATION, ids=lambda row: row.flag)
 def test_every_documented_row_is_declared(row: Documented) -> None:
     option = DECLARED.get(row.flag)
-    assert option is not None, f"README documents {row.flag}, which no verb takes"
+    assert option is not None, f"docs/cli.md documents {row.flag}, which no verb takes"
     assert option.env == row.env
 
 
@@ -170,7 +171,9 @@ def test_the_cli_table_lists_every_verb() -> None:
 def test_every_flag_without_a_variable_is_shown_on_its_verbs_line(option: Option) -> None:
     shown = verb_table()
     for verb in option.verbs:
-        assert option.flag in shown[verb], f"README's `{verb}` line does not show {option.flag}"
+        assert option.flag in shown[verb], (
+            f"docs/cli.md's `{verb}` line does not show {option.flag}"
+        )
 
 
 @pytest.mark.parametrize(("verb", "flags"), sorted(verb_table().items()))

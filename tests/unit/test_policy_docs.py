@@ -2,7 +2,7 @@
 is in the example and demo policy files, every setting those files or the prose
 (docs/health.md, docs/operations.md) name is declared, the families documented are the
 families declared, and every flag and variable docs/operations.md names is declared in
-``outbox_relay.options`` (README's tables are held by test_options_docs.py)."""
+``outbox_relay.options`` (docs/cli.md's tables are held by test_options_docs.py)."""
 
 from __future__ import annotations
 

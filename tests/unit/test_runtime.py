@@ -3,8 +3,8 @@
 It keeps the memory its large, short-lived buffers free instead of faulting it in again:
 a drain builds and frees buffers of about a megabyte for every batch (rows read from
 PostgreSQL, produce requests), and with glibc's defaults each free of such a block went
-back to the kernel, so the next batch faulted the same pages in again: 1.5 minor page
-faults per event, measured on ``outbox-relay run`` (docs/benchmarks.md, "The allocator").
+back to the kernel, so the next batch faulted the same pages in again
+(docs/benchmarks.md#findings).
 And it freezes what start-up built, so full collections stop walking it, and spaces the
 young collections out past what one batch allocates.
 """
@@ -130,7 +130,7 @@ def test_young_collections_wait_for_more_than_one_batch(thresholds: None) -> Non
     # Every young collection walks what is still alive since the last one: under a
     # backlog that is the rows and records of the batches in flight, all of it live.
     # At the interpreter's default (700) a batch cost several collections that freed
-    # nothing, 0.5-0.7 s of a 200,000-event drain (docs/benchmarks.md, "The collector").
+    # nothing (docs/benchmarks.md#findings).
     space_young_collections()
     assert _young_collections_while_one_batch_is_held() <= 1
     # the older generations keep the interpreter's ratios

@@ -1,9 +1,9 @@
 """``up`` waits for a broker that is still loading its logs, and no longer than that.
 
 A development broker stopped uncleanly (a session that ended without ``services-down``)
-recovers every partition it holds before it answers: with the benchmarks' topics, 2,082
-partitions and 100 s here, longer than the wait's 90 s. The wait runs out only once the
-broker's own count of loaded logs stops moving.
+recovers every partition it holds before it answers: with many topics left behind, that
+can take longer than the wait's 90 s. The wait runs out only once the broker's own count
+of loaded logs stops moving.
 
 The broker here is a ``sleep`` whose log the test writes; it "answers" once a file appears.
 """
