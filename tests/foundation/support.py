@@ -28,6 +28,8 @@ SHIPPED = (
     "0004_outbox_notify_seq.sql",
     "0005_outbox_time_ordered_id.sql",
     "0006_writer_guard_pinned_search_path.sql",
+    "0007_outbox_key_indexes.sql",
+    "0008_outbox_tracestate.sql",
 )
 
 # Environment the CLI reads; a test states every input it wants the process to see.
