@@ -205,13 +205,13 @@ async def test_a_row_whose_earlier_pending_row_was_not_read_waits_for_it() -> No
     assert fetched.plan.check_below == 2
     fetched = passes.fetched(
         fetched.plan,
-        [row(5, key="late", earlier=1), row(6, key="k6"), row(7, key="late", earlier=1)],
+        [row(5, key="late", earlier=1), row(6, key="k6")],  # fewer than the limit
         mark=fetched.mark,
         left_out=frozenset(),
     )
     accepted = accept(passes, fetched)
     assert seqs(accepted.rows) == [6]
-    assert accepted.full  # the next fetch follows at once
+    assert accepted.full  # the next fetch follows at once, not on the next wake-up
     again = fetch(passes, [], now=0.2)
     assert again.plan.start == 0 and again.plan.cursor_fetch
 
@@ -225,6 +225,22 @@ async def test_an_earlier_row_in_flight_is_no_late_commit() -> None:
     assert fetched.left_out == frozenset({2})
     accepted = accept(passes, fetched)
     assert seqs(accepted.rows) == [3]
+
+
+async def test_an_earlier_row_sent_while_a_prefetch_ran_is_no_late_commit() -> None:
+    """A prefetch's statement starts before the batch read just before it is admitted to
+    the window: that batch's rows are not in its left-out set, yet in flight."""
+    window = InFlightWindow(4)
+    passes = new_passes(window)
+    settle_cursor_fetches(passes)
+    prefetch = passes.prefetch_plan([0, 1])
+    left_out = passes.leave_out(prefetch)
+    window.admit([row(2, key="k")])  # the batch before it goes in flight now
+    fetched = passes.fetched(
+        prefetch, [row(3, key="k", earlier=2)], mark=window.fetch_mark(), left_out=left_out
+    )
+    assert 2 not in fetched.left_out
+    assert seqs(accept(passes, fetched).rows) == [3]
 
 
 async def test_an_earlier_row_recorded_while_the_fetch_ran_is_no_late_commit() -> None:
