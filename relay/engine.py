@@ -56,6 +56,7 @@ from relay.retry import (
     refused_for_content,
     retry_delay_ms,
 )
+from relay.signals import RelaySignals
 from relay.stopping import unless_stopped
 from relay.store import OutboxStore, Recorded, RelayStore, StoreFactory, create_relay_pool
 from relay.tracing import PublishSpans, PublishTracing
@@ -139,6 +140,7 @@ class Relay:
         self.config = config
         self.metrics = metrics
         self.liveness = Liveness.for_relay(config)
+        self.signals = RelaySignals()  # for tests (relay/signals.py)
         self._rng = random.Random()  # noqa: S311 - jitter only
         self._producer = ProducerKeeper(
             config, factory=producer_factory, on_backoff=self._wait_on_kafka, rng=self._rng
@@ -354,6 +356,7 @@ class Relay:
         await self._lanes.tick(in_flight_lanes=self._window.lanes())
         self._last_lane_tick_ok = time.monotonic()
         self.metrics.lanes_owned.set(len(self._lanes.leases.fences))
+        self.signals.lanes_owned.signal(len(self._lanes.leases.fences))
         if set(self._lanes.leases.fences) - before:
             # New lanes may have a backlog waiting, anywhere in the outbox.
             self._wake.request_full_pass()
@@ -569,6 +572,7 @@ class Relay:
         self._unanswered.append(submission)
         # Hold the keys now: the next fetch may come before these failures are recorded.
         self._window.hold(row.aggregateid for row, _ in submission.failures)
+        self.signals.sent.signal(submission)
         return Batch(rows=rows, fences=fences, submission=submission, spans=spans)
 
     def _topics_of(self, rows: list[OutboxRow]) -> Iterator[str]:
@@ -648,6 +652,7 @@ class Relay:
         finally:
             recording.release()
             self._window.release(batch.rows, (row.aggregateid for row, _ in failed))
+        self.signals.recorded.signal(outcome)
         if outcome.published:
             now = datetime.now(UTC)
             self.metrics.published.inc(outcome.published_count)
