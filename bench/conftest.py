@@ -16,7 +16,7 @@ import pytest_asyncio
 
 from bench.peers import measure
 from migrations.runner import apply, load_migrations
-from tests.conftest import with_database
+from tests.support.services import with_database
 
 
 @pytest.fixture(scope="session")

@@ -32,7 +32,7 @@ from bench.peers.measure import PARTITIONS, cpu_seconds, records_on
 from relay.config import RelayConfig
 from relay.producer import make_producer
 from relay.records import OutboxRow, RecordMapper
-from tests.relay.harness import wait_until
+from tests.support.waiting import wait_until
 
 EVENTS = int(os.environ.get("BENCH_EVENTS", "200000"))
 KEYS = 1000

@@ -38,7 +38,9 @@ from relay.passes import Accepted, Fetched, Passes
 from relay.records import OutboxRow
 from relay.store import Recorded, RelayStore
 from relay.wakeups import WakeUp
-from tests.relay.harness import consume, running_relay, wait_until
+from tests.support.kafka import read_topic
+from tests.support.relay import running_relay
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.bench
 
@@ -118,7 +120,7 @@ async def _measure(
         await asyncio.sleep(3)  # lanes claimed, producer connected
         cpu_before = cpu_seconds([relay.pid])
         sent = await _write_steadily(database_url)
-        records = await consume(bootstrap, [topic], count=len(sent), timeout=60)
+        records = await read_topic(bootstrap, topic, count=len(sent), timeout=60)
         cpu = cpu_seconds([relay.pid]) - cpu_before
     finally:
         relay.terminate()

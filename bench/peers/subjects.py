@@ -30,7 +30,7 @@ from bench.peers.workload import (
     utc_stamp,
 )
 from migrations.runner import apply, load_migrations
-from tests.conftest import with_database
+from tests.support.services import with_database
 
 RAW_IN_FLIGHT = 4000  # send() futures awaited in groups, as an application would bound them
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 import uuid
 from pathlib import Path
 
@@ -27,18 +26,15 @@ from scoring.worker import claim_next_due, enqueue_job
 from scoring.writer import Completion, EventDetails, complete_job
 from tests.availability.conftest import PooledDatabase
 from tests.foundation.support import REPO, cli_env, run_cli, run_service_cli
-from tests.relay.harness import INSERT, consume, fast_config, running_relay, wait_until
+from tests.support.kafka import read_topic
+from tests.support.ports import free_port
+from tests.support.relay import INSERT, fast_config, running_relay
+from tests.support.waiting import wait_until
 
 POOLED = connection_options({}, transaction_pooler=True)
 # No relay heartbeats in these tests but the relay's own: its family is judged elsewhere.
 _POLICY = (REPO / "docs" / "policy.example.toml").read_text(encoding="utf-8")
 POLICY_WITHOUT_RELAY = _POLICY[: _POLICY.index("[relay]")] + "[relay]\nenabled = false\n"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
@@ -126,12 +122,14 @@ async def test_relay_through_pgbouncer_is_woken_by_notify_on_the_direct_url(
             async with writer.transaction():
                 for i in range(20):
                     await writer.execute(INSERT, "order", f"k{i % 4}", "created", json.dumps(i))
-            records = await consume(
-                kafka_bootstrap, [f"{topic_namespace}.order"], count=20, timeout=30
+            records = await read_topic(
+                kafka_bootstrap, f"{topic_namespace}.order", count=20, timeout=30
             )
             assert len(records) == 20
             await wait_until(
-                lambda: running.metric("outbox_relay_published_events_total") >= 20, timeout=30
+                lambda: running.metric("outbox_relay_published_events_total") >= 20,
+                timeout=30,
+                what="20 events published through PgBouncer",
             )
         assert await writer.fetchval("SELECT count(*) FROM outbox") == 0
     finally:
@@ -153,8 +151,8 @@ async def test_relay_behind_pgbouncer_without_a_listen_url_polls_and_says_why_on
         async with running_relay(config):
             for i in range(10):
                 await writer.execute(INSERT, "order", f"k{i % 3}", "created", json.dumps(i))
-            records = await consume(
-                kafka_bootstrap, [f"{topic_namespace}.order"], count=10, timeout=30
+            records = await read_topic(
+                kafka_bootstrap, f"{topic_namespace}.order", count=10, timeout=30
             )
             assert len(records) == 10
     finally:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.services import REQUIRED
+from tests.support.services import REQUIRED
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"

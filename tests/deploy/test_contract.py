@@ -29,8 +29,8 @@ import yaml
 
 from tests.deploy.conftest import EXAMPLE, one
 from tests.deploy.promql import Evaluator, Target, firing
-from tests.faults.harness import free_port
-from tests.health.httpclient import get
+from tests.support.http import get
+from tests.support.ports import free_port
 from tests.unit.test_monitoring_kit import ALERTS, DASHBOARD
 
 NAMESPACE = "scoring-test"

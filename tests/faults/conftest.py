@@ -8,10 +8,11 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from tests.faults.harness import Relays, Writer
-from tests.services import REQUIRED
 from tests.support.faultproxy import FaultProxy
 from tests.support.kafka_paths import ROUTES_VARIABLE, routes_from_env, started_proxies
+from tests.support.order import Writer
+from tests.support.processes import Relays
+from tests.support.services import REQUIRED
 
 
 @pytest.fixture

@@ -15,8 +15,10 @@ from urllib.parse import urlsplit, urlunsplit
 import anyio
 import pytest
 
-from tests.faults.harness import Relays, free_port, wait_until
 from tests.support.faultproxy import FaultProxy
+from tests.support.ports import free_port
+from tests.support.processes import Relays
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -22,25 +22,26 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from tests.faults.harness import (
-    DrainOverrun,
-    RelayProcess,
-    Relays,
-    Writer,
-    assert_per_key_order,
+from tests.faults.lanes import (
     key_in_lanes,
     lane_of,
     lane_owner,
     lanes_held,
     published_versions,
-    read_topic,
-    redrive_all,
     unpublished,
-    wait_until,
 )
 from tests.support.faultproxy import FaultProxy
+from tests.support.kafka import read_topic
+from tests.support.order import Writer, assert_per_key_order
+from tests.support.processes import RelayProcess, Relays, redrive_all
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
+
+
+class DrainOverrun(AssertionError):
+    """A stopping relay outlived its drain timeout."""
+
 
 SEND_TIMEOUT_S = 3.0  # FAST_RELAY's send (and Kafka request) timeout
 LOWER_LANES = range(32)  # an instance keeps these when a second one joins

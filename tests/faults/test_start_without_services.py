@@ -15,11 +15,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from tests.faults.harness import Relays, free_port, wait_until
-from tests.health.httpclient import get
-from tests.services import REQUIRED
 from tests.support.faultproxy import FaultProxy
+from tests.support.http import get
 from tests.support.kafka_paths import ROUTES_VARIABLE, routes_from_env
+from tests.support.ports import free_port
+from tests.support.processes import Relays
+from tests.support.services import REQUIRED
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

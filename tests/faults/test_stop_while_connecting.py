@@ -17,8 +17,9 @@ from urllib.parse import urlsplit, urlunsplit
 import anyio
 import pytest
 
-from tests.faults.harness import RelayProcess, Relays, wait_until
 from tests.support.faultproxy import FaultProxy, ProxyCounters
+from tests.support.processes import RelayProcess, Relays
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

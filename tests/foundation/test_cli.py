@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -18,21 +17,15 @@ from tests.foundation.support import (
     run_cli,
     with_password,
 )
-from tests.services import PostgresServer
+from tests.support.ports import free_port
+from tests.support.services import PostgresServer
 
 POLICY = str(REPO / "docs" / "policy.example.toml")
 SECRET = "s3cretpw"
 
 
-def closed_port() -> int:
-    """A local port nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def unreachable_url() -> str:
-    return f"postgresql://u:{SECRET}@127.0.0.1:{closed_port()}/db"
+    return f"postgresql://u:{SECRET}@127.0.0.1:{free_port()}/db"
 
 
 # -- usage errors -----------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from tests.foundation.support import (
     run_service_cli,
     with_login,
 )
-from tests.foundation.test_cli import closed_port
+from tests.support.ports import free_port
 
 POLICY = str(REPO / "docs" / "policy.example.toml")
 RESERVED = "/@:%#?"
@@ -102,7 +102,7 @@ async def test_no_verb_prints_any_part_of_a_password_with_reserved_characters(
                 POLICY,
                 "--kafka-bootstrap",
                 kafka_bootstrap,
-                listen_port=closed_port(),
+                listen_port=free_port(),
             )
             for verb, result in (
                 ("migrate", migrate),
@@ -132,7 +132,7 @@ async def test_no_verb_prints_any_part_of_a_password_with_reserved_characters(
 async def test_a_malformed_url_is_refused_in_one_line_without_echoing_it() -> None:
     password = _password("/")
     for url in (
-        f"postgresql://u:{password}@127.0.0.1:{closed_port()}/db",
+        f"postgresql://u:{password}@127.0.0.1:{free_port()}/db",
         f"postgresql://u:{password}@[::1/db",
         f"postgresql://u:{password}@127.0.0.1:99999/db",
         f"postgresql://u:{quote(password, safe='')}@127.0.0.1:99999/db",

@@ -16,7 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.services import postgres_servers_from_env
+from tests.support.services import postgres_servers_from_env
+
+# It runs tests against both PostgreSQL servers.
+pytestmark = pytest.mark.services
 
 _ROOT = Path(__file__).resolve().parents[2]
 # A test under the narrowed pg_server first, then one that runs on every server.

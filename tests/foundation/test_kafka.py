@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import time
-
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from tests.support.kafka import read_topic
 
 
 async def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
@@ -46,22 +46,9 @@ async def test_produce_consume_round_trip(kafka_bootstrap: str, topic_namespace:
     offsets = [m.offset for m in [*sent, tombstone]]
     assert offsets == list(range(offsets[0], offsets[0] + 6))
 
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
-    )
-    await consumer.start()
-    try:
-        tp = TopicPartition(topic, partition)
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        records = []
-        deadline = time.monotonic() + 30
-        while len(records) < 6 and time.monotonic() < deadline:
-            batch = await consumer.getmany(tp, timeout_ms=200)
-            records.extend(batch.get(tp, []))
-    finally:
-        await consumer.stop()
+    records = await read_topic(kafka_bootstrap, topic, count=6)
     assert len(records) == 6
+    assert {r.partition for r in records} == {partition}
     assert [r.offset for r in records] == offsets
     assert all(r.key == b"job-7f3a" for r in records)
     assert [r.value for r in records[:5]] == [f'{{"n":{i}}}'.encode() for i in range(5)]

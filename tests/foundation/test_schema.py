@@ -12,8 +12,7 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
-from tests.conftest import _drop_database, _scratch_database, with_database
-from tests.services import PostgresServer
+from tests.support.services import PostgresServer, drop_database, scratch_database, with_database
 
 LEASE_EXPIRY_MS = 1_900_000_000_000
 RETRY_AT_MS = 1_800_000_000_000
@@ -74,11 +73,11 @@ async def shared_db(
     pg_server: PostgresServer, template_database: str
 ) -> AsyncIterator[asyncpg.Connection]:
     """One migrated database per server for the constraint tables (a database per case is slow)."""
-    name = await _scratch_database(pg_server.url, template_database)
+    name = await scratch_database(pg_server.url, template_database)
     conn = await asyncpg.connect(with_database(pg_server.url, name))
     yield conn
     await conn.close()
-    await _drop_database(pg_server.url, name)
+    await drop_database(pg_server.url, name)
 
 
 @pytest_asyncio.fixture

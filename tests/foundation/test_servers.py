@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from tests.services import PostgresServer
+from tests.support.services import PostgresServer
 
 
 async def test_every_server_measures_its_statements(

@@ -20,7 +20,7 @@ import pytest
 import outbox_relay.cli
 import outbox_relay.service
 from tests.foundation.support import REPO, cli_env
-from tests.security.process import free_port
+from tests.support.ports import free_port
 
 SECRET = "pl4nted-s3cret"
 PLANTED_MESSAGE = f"cannot reach postgresql://relay:{SECRET}@db.internal/app"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.services import REQUIRED, PostgresServer, postgres_servers_from_env
+from tests.support.services import REQUIRED, PostgresServer, postgres_servers_from_env
 
 _SERVERS = postgres_servers_from_env()[:1]
 

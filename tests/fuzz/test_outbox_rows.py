@@ -29,7 +29,8 @@ from hypothesis import strategies as st
 
 from relay.records import MAX_FETCHED_ROW_BYTES, MAX_RECORD_BYTES, RESERVED_HEADERS
 from tests.fuzz.profiles import fuzz_settings
-from tests.relay.harness import RunningRelay, fast_config, running_relay, wait_until
+from tests.support.relay import RunningRelay, fast_config, running_relay
+from tests.support.waiting import wait_until
 
 CE_SOURCE = "urn:fuzz"
 TYPES = ("a", "b")  # the aggregate types routed by the template, to pre-created topics
@@ -368,7 +369,9 @@ async def test_every_committed_row_is_published_intact_or_quarantined(
     # record and remove the quarantined ones, and wait again for the rows they held.
     quarantined: dict[str, str] = {}
     while await world.db.fetchval(PENDING, ids):
-        await wait_until(settled, timeout=60)
+        await wait_until(
+            settled, timeout=60, what="every row of the example published or quarantined"
+        )
         quarantined.update(dict(await world.db.fetch(QUARANTINED, ids)))
         await world.db.execute(FORGET_QUARANTINED)
     receipts = {r["id"]: r for r in await world.db.fetch(RECEIPTS, ids)}

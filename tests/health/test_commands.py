@@ -16,7 +16,7 @@ from tests.health.conftest import (
     loose_policy,
     relay_policy,
 )
-from tests.health.test_http import closed_port
+from tests.support.ports import free_port
 
 
 async def test_check_within_bounds_exits_0(database_url: str) -> None:
@@ -53,7 +53,7 @@ async def test_stalled_beats_unknown_in_the_exit_code(
 
 
 async def test_unreachable_database_exits_3_without_leaking_the_url() -> None:
-    port = closed_port()
+    port = free_port()
     url = f"postgresql://outbox:pw-{SECRET_MARK}@127.0.0.1:{port}/db_{SECRET_MARK}"
     for command in (check, status):
         text, code = await command(url, loose_policy(), receipt_retention_ms=RECEIPT_RETENTION_MS)

@@ -25,8 +25,8 @@ from tests.health.conftest import (
     insert_receipt,
     loose_policy,
 )
-from tests.health.httpclient import get
 from tests.health.test_http import running
+from tests.support.http import get
 
 # At a grace of 1 s or more the horizon margin is nothing: a job is below the watermark
 # the first time it is checked, the hardest case for a deletion that follows.

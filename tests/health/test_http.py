@@ -33,7 +33,8 @@ from tests.health.conftest import (
     insert_job,
     loose_policy,
 )
-from tests.health.httpclient import Reply, exchange, get
+from tests.support.http import Reply, exchange, get
+from tests.support.ports import free_port
 
 ALL_PATHS = ("/livez", "/readyz", "/health", "/metrics", "/")
 
@@ -60,13 +61,6 @@ async def running(
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-
-
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
 
 
 async def test_endpoints_when_healthy(database_url: str) -> None:
@@ -240,7 +234,7 @@ async def test_stale_evidence_is_served_as_unknown(database_url: str) -> None:
 
 async def test_database_down(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
-    port = closed_port()
+    port = free_port()
     url = f"postgresql://outbox:pw-{SECRET_MARK}@127.0.0.1:{port}/db_{SECRET_MARK}"
     async with running(url) as sidecar:
         address = sidecar.address

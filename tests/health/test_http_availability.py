@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry
 from contracts.errors import ConfigError
 from health.sidecar import HealthSidecar
 from tests.health.conftest import loose_policy
-from tests.health.httpclient import Reply, exchange, get
 from tests.health.test_http import running
+from tests.support.http import Reply, exchange, get
 
 PROMPT_S = 2.0  # a generous bound for a probe on a busy 2-core machine
 

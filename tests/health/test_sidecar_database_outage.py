@@ -20,8 +20,9 @@ import pytest
 from contracts.policy import EvaluationSettings
 from migrations.runner import apply, load_migrations
 from tests.health.conftest import SECRET_MARK, loose_policy
-from tests.health.httpclient import get
-from tests.health.test_http import closed_port, running
+from tests.health.test_http import running
+from tests.support.http import get
+from tests.support.ports import free_port
 
 RETRY_MAX_MS = 800
 FAST = loose_policy(
@@ -161,7 +162,7 @@ async def test_refused_connection_at_start_is_unknown_with_one_log_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO)
-    url = f"postgresql://outbox:pw-{SECRET_MARK}@127.0.0.1:{closed_port()}/db_{SECRET_MARK}"
+    url = f"postgresql://outbox:pw-{SECRET_MARK}@127.0.0.1:{free_port()}/db_{SECRET_MARK}"
     async with running(url, FAST, database_retry_max_ms=RETRY_MAX_MS) as sidecar:
         await asyncio.sleep(1.5)  # several retries
         assert (await get(sidecar.address, "/livez")).status == 200

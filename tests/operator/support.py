@@ -6,10 +6,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,14 +130,3 @@ def health(port: int) -> dict[str, Any] | None:
         return None
     document: dict[str, Any] = json.loads(answer[1])
     return document if document.get("checks") else None
-
-
-def wait_for(condition: Callable[[], Any], *, timeout: float = 90.0, pause: float = 0.05) -> Any:
-    """Poll until ``condition`` returns something truthy; fail after a generous timeout."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(pause)
-    raise AssertionError("condition not met in time")

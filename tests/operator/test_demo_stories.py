@@ -16,9 +16,9 @@ from pathlib import Path
 import asyncpg
 from aiokafka.structs import ConsumerRecord
 
-from tests.faults.harness import free_port
-from tests.health.httpclient import get
-from tests.relay.harness import consume
+from tests.support.http import get
+from tests.support.kafka import read_topic
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_POLICY = REPO / "docs" / "policy.demo.toml"
@@ -149,7 +149,7 @@ async def test_each_story_stalls_its_family_with_its_reason_and_recovers(
     ]
 
     # The poison key's entries, and every other key's, reached Kafka in write order.
-    ledger = await consume(kafka_bootstrap, [f"{topic_namespace}.ledger"], count=12, settle=1.0)
+    ledger = await read_topic(kafka_bootstrap, f"{topic_namespace}.ledger", count=12, settle=1.0)
     assert _entries(ledger, "a") == [1, 2, 3, 4]
     assert _entries(ledger, "b") == [1, 2, 3, 4]
     assert _entries(ledger, "c") == [1, 2, 3, 4]
@@ -168,8 +168,8 @@ async def test_each_story_stalls_its_family_with_its_reason_and_recovers(
         "WHERE scoring_state IN ('completed', 'quarantined')"
     )
     assert len(terminal) == finished[0]["jobs"]
-    records = await consume(
-        kafka_bootstrap, [f"{topic_namespace}.scoring_job"], count=len(terminal)
+    records = await read_topic(
+        kafka_bootstrap, f"{topic_namespace}.scoring_job", count=len(terminal)
     )
     by_job: dict[bytes, set[bytes]] = {}
     for record in records:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.faults.harness import free_port
-from tests.health.httpclient import get
+from tests.support.http import get
+from tests.support.ports import free_port
 from tests.unit.test_monitoring_kit import PROMETHEUS_SERIES, dashboard_exprs, metric_names, rules
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,8 @@ from contracts.health import Classification, FamilyResult
 from contracts.policy import Family
 from health.families.relay import while_starting
 from health.rules import build_report
-from tests.operator.support import PORT_BASE, Stack, health, instance_id, running, wait_for
+from tests.operator.support import PORT_BASE, Stack, health, instance_id, running
+from tests.support.waiting import wait_until_blocking
 
 
 def _relay(document: dict[str, Any]) -> tuple[str, list[str]]:
@@ -41,11 +42,18 @@ async def test_relay_family_is_starting_until_the_relay_had_its_chance_to_claim_
     try:
         await db.execute("INSERT INTO relay_instance (instance_id) VALUES ($1)", instance_id(port))
         with running(stack, port) as process:
-            await asyncio.to_thread(wait_for, lambda: report(None))
+            await asyncio.to_thread(
+                wait_until_blocking, lambda: report(None), what="a first health report", timeout=90
+            )
             first = seen[0]
             await lanes.rollback()
             locked = False
-            await asyncio.to_thread(wait_for, lambda: report("within_bounds"))
+            await asyncio.to_thread(
+                wait_until_blocking,
+                lambda: report("within_bounds"),
+                what="the relay family within bounds",
+                timeout=90,
+            )
             assert process.poll() is None, stack.log(port)
     finally:
         if locked:

@@ -24,7 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from health.history import WINDOW_MS
 from tests.health.conftest import insert_job
 from tests.operator.browser import Rendered, chromium, render
-from tests.operator.support import PORT_BASE, Stack, fetch, header, health, running, wait_for
+from tests.operator.support import PORT_BASE, Stack, fetch, header, health, running
+from tests.support.waiting import wait_until_blocking
 
 SCREENSHOT_ENV = "OUTBOX_RELAY_STATUS_SCREENSHOT"
 """When set, the wide screenshot is also written there (how docs/status.png is made), and
@@ -116,24 +117,40 @@ async def test_the_status_page_in_chromium_shows_families_bounds_charts_and_the_
     port = PORT_BASE + 2
     runbook = "https://runbook.example/operations.html"
     with running(stack, port, "--runbook-url", runbook) as process:
-        await asyncio.to_thread(wait_for, lambda: (health(port) or {}).get("status") == "pass")
+        await asyncio.to_thread(
+            wait_until_blocking,
+            lambda: (health(port) or {}).get("status") == "pass",
+            what="/health says pass",
+            timeout=90,
+        )
         started = time.time()
         await asyncio.sleep(PHASE_S)
         await db.executemany(
             "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ($1, $2, $3, $4)",
             [("order", f"key-{n % 20}", "placed", json.dumps({"n": n})) for n in range(EVENTS)],
         )
-        await asyncio.to_thread(wait_for, lambda: _published(port) >= EVENTS)
+        await asyncio.to_thread(
+            wait_until_blocking,
+            lambda: _published(port) >= EVENTS,
+            what=f"{EVENTS} events published",
+            timeout=90,
+        )
         # Stage: a worker died holding its lease (expired a minute ago by the database clock).
         expired_at = int(time.time() * 1000) - 60_000
         job = await insert_job(db, "leased", lease_expires_at_unix_ms=expired_at)
         await asyncio.to_thread(
-            wait_for, lambda: _classification(port, "scoring_jobs") == "stalled"
+            wait_until_blocking,
+            lambda: _classification(port, "scoring_jobs") == "stalled",
+            what="scoring_jobs stalled",
+            timeout=90,
         )
         await asyncio.sleep(PHASE_S)  # more evaluations of the stall in the history
         await db.execute("DELETE FROM scoring_job_state WHERE scoring_job_ref = $1", job)
         await asyncio.to_thread(
-            wait_for, lambda: _classification(port, "scoring_jobs") == "within_bounds"
+            wait_until_blocking,
+            lambda: _classification(port, "scoring_jobs") == "within_bounds",
+            what="scoring_jobs within bounds again",
+            timeout=90,
         )
         await asyncio.sleep(PHASE_S)
         document = health(port)

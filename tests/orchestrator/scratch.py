@@ -17,7 +17,7 @@ import pytest
 
 from scripts.services import envfile
 from scripts.services.plan import Layout
-from tests.services import REQUIRED
+from tests.support.services import REQUIRED
 
 REPO = Path(__file__).resolve().parents[2]
 

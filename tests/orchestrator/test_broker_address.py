@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaProducer
 
 from bench.peers import measure
 from scripts.services.host import command_line
-from tests.services import REQUIRED
+from tests.support.services import REQUIRED
 
 OTHER_BROKER = (
     "import socket, time\nserver = socket.create_server(('127.0.0.1', 0))\ntime.sleep(300)\n"

@@ -21,6 +21,9 @@ from scripts.services.host import POSTGRES_USER, listener_inodes
 from scripts.services.plan import PortPlan
 from tests.orchestrator.scratch import ScratchCheckout, need_root, purged
 
+# It starts PostgreSQL 18, PgBouncer and the TLS files of a checkout of its own.
+pytestmark = pytest.mark.services
+
 BASE = 24500  # neither the development block (24000) nor another orchestrator test's
 
 

@@ -21,6 +21,9 @@ from scripts.services.host import as_postgres, make_postgres_dir, pid_listening_
 from scripts.services.plan import PortPlan
 from tests.orchestrator.scratch import ScratchCheckout, need_root, purged
 
+# They start PostgreSQL clusters: one of their own and the orchestrator's.
+pytestmark = pytest.mark.services
+
 TAKEN_BASE = 24600  # the orchestrator's pg15 port there is the foreign cluster's
 FREE_BASE = 24700
 PG15 = Path("/usr/lib/postgresql/15/bin")

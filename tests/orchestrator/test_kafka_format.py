@@ -17,6 +17,9 @@ from scripts.services.kafka import KafkaBroker, KafkaProfile
 from scripts.services.plan import Layout, PortPlan
 from tests.orchestrator.scratch import REPO
 
+# It installs Kafka (Java and the broker's jars) to format a broker's storage.
+pytestmark = pytest.mark.services
+
 BASE = 24800  # formatting binds nothing; kept clear of the other blocks anyway
 
 

@@ -17,8 +17,10 @@ import pytest
 from scripts.services.host import pid_listening_on
 from scripts.services.orchestrator import dev_services
 from scripts.services.plan import Layout, PortPlan, port_base
-from tests.relay.harness import INSERT, consume, fast_config, running_relay, wait_until
-from tests.services import REQUIRED
+from tests.support.kafka import read_topic
+from tests.support.relay import INSERT, fast_config, running_relay
+from tests.support.services import REQUIRED
+from tests.support.waiting import wait_until
 
 
 async def _drained(db: asyncpg.Connection) -> bool:
@@ -66,8 +68,8 @@ async def test_database_connections_killed_mid_stream_lose_nothing(
             )
             assert killed >= 1
         await writer
-        await wait_until(lambda: _drained(db), timeout=60)
-    records = await consume(kafka_bootstrap, [f"{topic_namespace}.agg"], count=400)
+        await wait_until(lambda: _drained(db), timeout=60, what="every event published")
+    records = await read_topic(kafka_bootstrap, f"{topic_namespace}.agg", count=400)
     _assert_per_key_order(records, keys, 40)
 
 
@@ -91,6 +93,7 @@ async def test_two_relays_split_lanes_and_take_over_from_a_crashed_one(
                     "       WHERE owner_id IS NOT NULL GROUP BY owner_id) AS owners"
                 ),
                 timeout=30,
+                what="the two relays hold 32 lanes each",
             )
             writer = asyncio.create_task(_write_sequence(database_url, keys, 30, 0.03))
             await asyncio.sleep(0.5)
@@ -103,18 +106,19 @@ async def test_two_relays_split_lanes_and_take_over_from_a_crashed_one(
                     "AND lease_expires_at > clock_timestamp()"
                 ),
                 timeout=20,
+                what="relay-one holds all 64 lanes",
             )
             takeover = asyncio.get_running_loop().time() - crashed_at
             # Bounded by the lease TTL plus one renewal round (3 s + 0.5 s here).
             assert takeover < 3.0 + 0.5 + 1.0
             await writer
-            await wait_until(lambda: _drained(db), timeout=60)
+            await wait_until(lambda: _drained(db), timeout=60, what="every event published")
             assert first.metric("outbox_relay_lanes_owned") == 64
         finally:
             second.stop.set()
             with contextlib.suppress(asyncio.CancelledError):
                 await second_cm.__aexit__(None, None, None)
-    records = await consume(kafka_bootstrap, [f"{topic_namespace}.agg"], count=1200)
+    records = await read_topic(kafka_bootstrap, f"{topic_namespace}.agg", count=1200)
     _assert_per_key_order(records, keys, 30)
     receipts = await db.fetchval("SELECT count(*) FROM outbox_receipt")
     assert receipts == 1200
@@ -156,13 +160,16 @@ async def test_broker_stopped_and_restarted_mid_stream_loses_nothing(
     config = fast_config(database_url, kafka_bootstrap, topic_namespace)
     async with running_relay(config) as running:
         writer = asyncio.create_task(_write_sequence(database_url, keys, 60, 0.05))
-        await wait_until(lambda: db.fetchval("SELECT count(*) >= 100 FROM outbox_receipt"))
+        await wait_until(
+            lambda: db.fetchval("SELECT count(*) >= 100 FROM outbox_receipt"),
+            what="100 events published",
+        )
         await loop.run_in_executor(None, _services, "down", "kafka")
         await asyncio.sleep(2.0)
         assert not await _drained(db)  # events pile up while the broker is away
         await loop.run_in_executor(None, _services, "up", "--quiet", "kafka")
         await writer
-        await wait_until(lambda: _drained(db), timeout=120)
+        await wait_until(lambda: _drained(db), timeout=120, what="every event published")
         # The outage was ridden out by retries that spent no attempts: nothing quarantined.
         retried = sum(
             sample.value
@@ -176,5 +183,5 @@ async def test_broker_stopped_and_restarted_mid_stream_loses_nothing(
             "SELECT count(*) FROM outbox WHERE quarantined_at IS NOT NULL"
         )
         assert quarantined == 0
-    records = await consume(kafka_bootstrap, [f"{topic_namespace}.agg"], count=600, timeout=60)
+    records = await read_topic(kafka_bootstrap, f"{topic_namespace}.agg", count=600, timeout=60)
     _assert_per_key_order(records, keys, 60)

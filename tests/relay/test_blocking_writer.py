@@ -8,9 +8,9 @@ import asyncpg
 import pytest
 
 from relay.store import oldest_writer
-from tests.conftest import _drop_database, _scratch_database, with_database
-from tests.relay.harness import INSERT, fast_config, running_relay, wait_until
-from tests.services import PostgresServer
+from tests.support.relay import INSERT, fast_config, running_relay
+from tests.support.services import PostgresServer, drop_database, scratch_database, with_database
+from tests.support.waiting import wait_until
 
 
 async def test_an_open_outbox_writer_is_reported_with_pid_and_age_only(
@@ -33,9 +33,12 @@ async def test_an_open_outbox_writer_is_reported_with_pid_and_age_only(
             await wait_until(
                 lambda: running.metric("outbox_relay_oldest_open_outbox_writer_age_seconds") > 0,
                 timeout=20,
+                what="the open writer transaction's age in the metric",
             )
             await wait_until(
-                lambda: any(getattr(r, "pid", None) == pid for r in caplog.records), timeout=20
+                lambda: any(getattr(r, "pid", None) == pid for r in caplog.records),
+                timeout=20,
+                what="a log line naming the blocking writer's pid",
             )
         await transaction.rollback()
     finally:
@@ -53,7 +56,7 @@ async def test_a_writer_in_another_database_of_the_server_is_not_reported(
 ) -> None:
     # pg_locks is server-wide, and a database made from the same template has an outbox
     # with the same oid: its writers are not this relay's business.
-    other = await _scratch_database(pg_server.url, template_database)
+    other = await scratch_database(pg_server.url, template_database)
     try:
         writer = await asyncpg.connect(with_database(pg_server.url, other))
         mine = await asyncpg.connect(database_url)
@@ -77,4 +80,4 @@ async def test_a_writer_in_another_database_of_the_server_is_not_reported(
             await writer.close()
             await mine.close()
     finally:
-        await _drop_database(pg_server.url, other)
+        await drop_database(pg_server.url, other)

@@ -18,7 +18,8 @@ import asyncpg
 
 from relay.records import OutboxRow
 from relay.store import RelayStore
-from tests.relay.harness import RunningRelay, fast_config, running_relay, wait_until
+from tests.support.relay import RunningRelay, fast_config, running_relay
+from tests.support.waiting import wait_until
 
 _LONG_POLL_MS = 60_000
 _PROMPTLY_S = 30  # generous on a busy machine, and still half the poll interval
@@ -38,7 +39,12 @@ async def _insert(conn: asyncpg.Connection, key: str, n: int) -> asyncpg.Record:
 
 
 async def _all_published(db: asyncpg.Connection, ids: list[str], timeout: float) -> None:
-    await wait_until(lambda: _count_published(db, ids), timeout=timeout, interval=0.02)
+    await wait_until(
+        lambda: _count_published(db, ids),
+        timeout=timeout,
+        interval=0.02,
+        what="the events published",
+    )
 
 
 async def _count_published(db: asyncpg.Connection, ids: list[str]) -> bool:

@@ -7,13 +7,9 @@ import uuid
 
 import asyncpg
 
-from tests.relay.harness import (
-    INSERT,
-    consume,
-    fast_config,
-    running_relay,
-    wait_until,
-)
+from tests.support.kafka import read_topic
+from tests.support.relay import INSERT, fast_config, running_relay
+from tests.support.waiting import wait_until
 
 
 async def test_delivers_every_event_with_the_record_format(
@@ -35,9 +31,9 @@ async def test_delivers_every_event_with_the_record_format(
     )
     config = fast_config(database_url, kafka_bootstrap, topic_namespace)
     async with running_relay(config):
-        await wait_until(lambda: _empty(db))
+        await wait_until(lambda: _empty(db), what="the outbox empty")
     topic = f"{topic_namespace}.scoring_job"
-    records = await consume(kafka_bootstrap, [topic], count=2)
+    records = await read_topic(kafka_bootstrap, topic, count=2)
     assert len(records) == 2
     first, tombstone = sorted(records, key=lambda r: r.offset)
     assert first.key == b"job-7f3a"
@@ -88,6 +84,6 @@ async def test_row_topic_overrides_the_template(
         own_topic,
     )
     async with running_relay(fast_config(database_url, kafka_bootstrap, topic_namespace)):
-        await wait_until(lambda: _empty(db))
-    records = await consume(kafka_bootstrap, [own_topic], count=1)
+        await wait_until(lambda: _empty(db), what="the outbox empty")
+    records = await read_topic(kafka_bootstrap, own_topic, count=1)
     assert [r.key for r in records] == [b"k1"]

@@ -20,7 +20,8 @@ import asyncpg
 
 from relay.records import OutboxRow
 from relay.store import Recorded, RelayStore
-from tests.relay.harness import fast_config, running_relay, wait_until
+from tests.support.relay import fast_config, running_relay
+from tests.support.waiting import wait_until
 
 KEY = "k-race"
 INSERT_ROW = """
@@ -60,7 +61,7 @@ async def test_a_fetch_that_overlaps_a_failure_record_does_not_send_a_later_row_
             elif any(r.aggregateid == KEY and r.seq != failed_seq for r in rows):
                 snapshot_taken.set()
                 # Returns only once the failure is recorded and its hold released.
-                await wait_until(lambda: not window.is_held(KEY), timeout=30)
+                await wait_until(lambda: not window.is_held(KEY), what="the key's hold released")
             return rows
 
         async def record_outcome(self, *args: Any, **kwargs: Any) -> Recorded:
@@ -71,12 +72,15 @@ async def test_a_fetch_that_overlaps_a_failure_record_does_not_send_a_later_row_
 
     async with running_relay(config, store_factory=SlowFetchAfterTheSnapshot) as running:
         window = running.relay._window
-        await wait_until(lambda: window.is_held(KEY), timeout=30)
+        await wait_until(lambda: window.is_held(KEY), what="the key held")
         # The key's next row, committed while its failure is not recorded yet.
         later_seq = await db.fetchval(INSERT_ROW, KEY, json.dumps(2), None)
-        await wait_until(snapshot_taken.is_set, timeout=30)
+        await wait_until(snapshot_taken.is_set, what="a fetch that saw the key free")
         # Two more fetches and nothing in flight: whatever that fetch handed on is recorded.
-        await wait_until(lambda: len(fetches_after) >= 2 and window.empty(), timeout=30)
+        await wait_until(
+            lambda: len(fetches_after) >= 2 and window.empty(),
+            what="two more fetches, and nothing in flight",
+        )
     remaining = await db.fetch("SELECT seq, attempts FROM outbox ORDER BY seq")
     assert [r["seq"] for r in remaining] == [failed_seq, later_seq], (
         "the later row of a key whose earlier row failed was published first"

@@ -6,7 +6,8 @@ import asyncio
 
 import asyncpg
 
-from tests.relay.harness import INSERT, fast_config, running_relay, wait_until
+from tests.support.relay import INSERT, fast_config, running_relay
+from tests.support.waiting import wait_until
 
 
 async def test_an_idle_relay_stays_live_past_every_loop_allowance(
@@ -24,9 +25,11 @@ async def test_an_idle_relay_stays_live_past_every_loop_allowance(
     )
     async with running_relay(config) as running:
         relay = running.relay
-        await wait_until(relay.ready, timeout=20)
+        await wait_until(relay.ready, timeout=20, what="the relay ready")
         await db.execute(INSERT, "agg", "k", "t", "{}")
-        await wait_until(lambda: db.fetchval("SELECT count(*) = 0 FROM outbox"))
+        await wait_until(
+            lambda: db.fetchval("SELECT count(*) = 0 FROM outbox"), what="the outbox empty"
+        )
         # The longest allowance here is (3 x 1 s + 1 x 2 x 0.5 s + 1.5 s) = 5.5 s; idle
         # for longer, then every loop must still count as alive.
         for _ in range(14):

@@ -20,9 +20,11 @@ import pytest
 
 from relay.records import MAX_RECORD_BYTES
 from relay.store import RelayStore
-from tests.relay.harness import consume, fast_config, running_relay, wait_until
 from tests.security.roles import create_login_role, drop_role, grant
 from tests.support.faultproxy import FaultProxy
+from tests.support.kafka import read_topic as consume
+from tests.support.relay import fast_config, running_relay
+from tests.support.waiting import wait_until
 
 INSERT = """
 INSERT INTO outbox (aggregatetype, aggregateid, type, payload, topic, headers)

@@ -12,7 +12,9 @@ import asyncpg
 
 from relay.redrive import RedriveFilter, redrive
 from relay.store import pending_summary
-from tests.relay.harness import INSERT, consume, fast_config, running_relay, wait_until
+from tests.support.kafka import read_topic
+from tests.support.relay import INSERT, fast_config, running_relay
+from tests.support.waiting import wait_until
 
 
 async def _drained(db: asyncpg.Connection) -> bool:
@@ -31,12 +33,12 @@ async def test_a_transaction_that_commits_last_is_not_skipped(
         async with running_relay(fast_config(database_url, kafka_bootstrap, topic_namespace)):
             for i in range(20):
                 await db.execute(INSERT, "agg", f"late-{i}", "t", '{"n": 2}')
-            await wait_until(lambda: _drained(db))
+            await wait_until(lambda: _drained(db), what="the outbox drained")
             await tx.commit()
-            await wait_until(lambda: _drained(db))
+            await wait_until(lambda: _drained(db), what="the outbox drained")
     finally:
         await early.close()
-    records = await consume(kafka_bootstrap, [f"{topic_namespace}.agg"], count=21)
+    records = await read_topic(kafka_bootstrap, f"{topic_namespace}.agg", count=21)
     assert sorted(r.key for r in records) == sorted(
         [b"early-key"] + [f"late-{i}".encode() for i in range(20)]
     )
@@ -70,9 +72,9 @@ async def test_concurrent_writers_keep_each_keys_commit_order(
         fast_config(database_url, kafka_bootstrap, topic_namespace, batch_size=50)
     ):
         await asyncio.gather(*(writer(s) for s in range(6)))
-        await wait_until(lambda: _drained(db))
+        await wait_until(lambda: _drained(db), what="the outbox drained")
     total = 6 * per_writer
-    records = await consume(kafka_bootstrap, [f"{topic_namespace}.agg"], count=total)
+    records = await read_topic(kafka_bootstrap, f"{topic_namespace}.agg", count=total)
     sequences: dict[bytes, list[int]] = defaultdict(list)
     for record in sorted(records, key=lambda r: (r.partition, r.offset)):
         sequences[record.key].append(json.loads(record.value)["n"])
@@ -90,8 +92,8 @@ async def test_polling_alone_delivers_everything(
             await db.execute(INSERT, "agg", f"k{i % 7}", "t", json.dumps({"i": i}))
             if i % 10 == 0:
                 await asyncio.sleep(0.3)
-        await wait_until(lambda: _drained(db))
-    records = await consume(kafka_bootstrap, [f"{topic_namespace}.agg"], count=30)
+        await wait_until(lambda: _drained(db), what="the outbox drained")
+    records = await read_topic(kafka_bootstrap, f"{topic_namespace}.agg", count=30)
     assert sorted(json.loads(r.value)["i"] for r in records) == list(range(30))
 
 
@@ -111,9 +113,10 @@ async def test_poison_event_is_quarantined_holds_only_its_key_and_redrives(
         await wait_until(
             lambda: db.fetchval(
                 "SELECT quarantined_at IS NOT NULL FROM outbox WHERE id = $1", poison_id
-            )
+            ),
+            what="the poison row quarantined",
         )
-        healthy = await consume(kafka_bootstrap, [topic], count=10)
+        healthy = await read_topic(kafka_bootstrap, topic, count=10)
         assert sorted(r.key for r in healthy) == sorted(f"healthy-{i}".encode() for i in range(10))
         row = await db.fetchrow(
             "SELECT attempts, last_error_class FROM outbox WHERE id = $1", poison_id
@@ -127,8 +130,8 @@ async def test_poison_event_is_quarantined_holds_only_its_key_and_redrives(
         await db.execute("UPDATE outbox SET topic = NULL WHERE id = $1", poison_id)
         count = await redrive(db, RedriveFilter(ids=[poison_id]))
         assert count == 1
-        await wait_until(lambda: _drained(db))
-    records = await consume(kafka_bootstrap, [topic], count=12)
+        await wait_until(lambda: _drained(db), what="the outbox drained")
+    records = await read_topic(kafka_bootstrap, topic, count=12)
     poisoned = [
         json.loads(r.value)["n"]
         for r in sorted(records, key=lambda r: r.offset)
@@ -158,14 +161,15 @@ async def test_a_created_at_no_record_can_carry_is_quarantined_not_a_stalled_rel
         await db.execute(INSERT, "agg", f"healthy-{i}", "t", '{"n": 1}')
     config = fast_config(database_url, kafka_bootstrap, topic_namespace, max_attempts=1)
     async with running_relay(config):
-        healthy = await consume(kafka_bootstrap, [f"{topic_namespace}.agg"], count=10)
+        healthy = await read_topic(kafka_bootstrap, f"{topic_namespace}.agg", count=10)
         assert sorted(r.key for r in healthy) == sorted(f"healthy-{i}".encode() for i in range(10))
         assert all(dict(r.headers)["ce_time"].endswith(b"Z") for r in healthy)
         await wait_until(
             lambda: db.fetchval(
                 "SELECT count(*) = 3 FROM outbox WHERE id = ANY($1) AND quarantined_at IS NOT NULL",
                 odd_ids,
-            )
+            ),
+            what="the three odd rows quarantined",
         )
     causes = await db.fetch(
         "SELECT DISTINCT last_error_class FROM outbox WHERE id = ANY($1)", odd_ids

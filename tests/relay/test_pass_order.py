@@ -23,7 +23,8 @@ import pytest
 
 from relay.records import OutboxRow
 from relay.store import RelayStore
-from tests.relay.harness import fast_config, running_relay, wait_until
+from tests.support.relay import fast_config, running_relay
+from tests.support.waiting import wait_until
 
 KEY = "k-pass"
 INSERT_ROW = """
@@ -77,11 +78,16 @@ async def test_a_pass_does_not_publish_a_keys_later_row_before_one_it_stepped_ov
                             "SELECT count(*) = 1 FROM outbox_receipt WHERE id = $1", first["id"]
                         ),
                         timeout=30,
+                        what="the first event's receipt",
                     )
                 finally:
                     await watcher.close()
                 # ...and its rows have left the window: the hold is gone in memory too.
-                await wait_until(lambda: first["seq"] not in window.seqs(), timeout=30)
+                await wait_until(
+                    lambda: first["seq"] not in window.seqs(),
+                    timeout=30,
+                    what="the first event out of the in-flight window",
+                )
             return await super().fetch_ready(lanes, cursor, limit, **kwargs)
 
     async with running_relay(config, store_factory=FetchAfterFirstIsRecorded) as running:
@@ -89,6 +95,7 @@ async def test_a_pass_does_not_publish_a_keys_later_row_before_one_it_stepped_ov
         await wait_until(
             lambda: db.fetchval("SELECT count(*) = 3 FROM outbox_receipt WHERE id = ANY($1)", ids),
             timeout=60,
+            what="all three events published",
         )
     assert delayed.is_set(), "the staged fetch never ran: the scenario did not happen"
     assert await _published_order(db, ids) == ids, "a key's rows reached Kafka out of order"
@@ -146,6 +153,7 @@ async def test_a_pass_does_not_publish_a_late_commits_next_row_before_it(
                     "SELECT count(*) = 2 FROM outbox_receipt WHERE id = ANY($1)", ids
                 ),
                 timeout=60,
+                what="both events published",
             )
     finally:
         await late.close()

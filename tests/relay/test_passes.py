@@ -9,7 +9,9 @@ import anyio
 import asyncpg
 
 from relay.store import Recorded, RelayStore
-from tests.relay.harness import INSERT, consume, fast_config, running_relay, wait_until
+from tests.support.kafka import read_topic
+from tests.support.relay import INSERT, fast_config, running_relay
+from tests.support.waiting import wait_until
 
 _BACKLOG = 30_000
 
@@ -41,12 +43,17 @@ async def test_a_late_commit_is_found_while_the_backlog_still_drains(
             database_url, kafka_bootstrap, topic_namespace, batch_size=20, poll_interval_ms=200
         )
         async with running_relay(config):
-            await wait_until(lambda: _receipts_at_least(db, 500), timeout=60)
+            await wait_until(lambda: _receipts_at_least(db, 500), timeout=60, what="500 receipts")
             await late_tx.commit()
-            await wait_until(lambda: _published(db, late_id), timeout=80, interval=0.02)
+            await wait_until(
+                lambda: _published(db, late_id),
+                timeout=80,
+                interval=0.02,
+                what="the late commit published",
+            )
             pending_when_found = await _pending(db)
             published_when_found = _BACKLOG - pending_when_found
-            await wait_until(lambda: _drained(db), timeout=80)
+            await wait_until(lambda: _drained(db), timeout=80, what="the outbox drained")
     finally:
         await late.close()
     # The row was found by a pass that started while the backlog was still there, not by
@@ -91,17 +98,17 @@ async def test_a_new_event_does_not_wait_for_the_previous_batch_to_be_recorded(
     config = fast_config(database_url, kafka_bootstrap, topic_namespace, poll_interval_ms=60_000)
     topic = f"{topic_namespace}.quick"
     async with running_relay(config, store_factory=HeldFirstRecord) as running:
-        await wait_until(running.relay.ready, timeout=30)
+        await wait_until(running.relay.ready, timeout=30, what="the relay ready")
         await db.execute(INSERT, "quick", "first-key", "quick.event", "{}")
         with anyio.fail_after(30):
             await recording.wait()  # the first batch is acknowledged; its record waits
         await db.execute(INSERT, "quick", "second-key", "quick.event", "{}")
         try:
-            records = await consume(kafka_bootstrap, [topic], count=2, timeout=20)
+            records = await read_topic(kafka_bootstrap, topic, count=2, timeout=20)
             second_published_while_first_unrecorded = len(records) == 2
         finally:
             release.set()
-        await wait_until(lambda: _drained(db), timeout=30)
+        await wait_until(lambda: _drained(db), timeout=30, what="the outbox drained")
     assert second_published_while_first_unrecorded, (
         "the second event waited for the first batch's bookkeeping"
     )

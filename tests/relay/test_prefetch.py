@@ -19,7 +19,8 @@ import pytest
 
 from relay import sql
 from relay.records import RecordMapper
-from tests.relay.harness import fast_config, running_relay, wait_until
+from tests.support.relay import fast_config, running_relay
+from tests.support.waiting import wait_until
 
 _BATCH = 50
 _BATCHES = 4
@@ -67,6 +68,7 @@ async def test_the_next_fetch_is_sent_before_a_full_batch_is_mapped(
         await wait_until(
             lambda: running.metric("outbox_relay_published_events_total") == _BATCH * _BATCHES,
             timeout=_PROMPTLY_S,
+            what="the whole backlog published",
         )
     full = f"fetched {_BATCH}"
     # Every full fetch but the last is followed by the next fetch's statement before its

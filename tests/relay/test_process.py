@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -18,27 +17,14 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from tests.relay.harness import INSERT, consume, wait_until
-
-POLICY_ALL_DISABLED = """
-[outbox]
-enabled = false
-[scoring_jobs]
-enabled = false
-[completion_outbox]
-enabled = false
-[relay]
-enabled = false
-"""
+from tests.support.kafka import read_topic
+from tests.support.ports import free_port
+from tests.support.processes import POLICY_ALL_DISABLED
+from tests.support.relay import INSERT
+from tests.support.waiting import wait_until
 
 BATCH = 100
 IN_FLIGHT = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture
@@ -56,7 +42,7 @@ def _relay_process(
     instance: str,
     port: int | None = None,
 ) -> subprocess.Popen[bytes]:
-    port = port or _free_port()
+    port = port or free_port()
     env = {
         **os.environ,
         "DATABASE_URL": database_url,
@@ -153,15 +139,19 @@ class Stream:
     async def write_until_published(self, count: int) -> None:
         """Start the writer and return once ``count`` events have receipts."""
         self.writer = asyncio.create_task(_write(self.database_url, KEYS, PER_KEY, 0.01))
-        await wait_until(lambda: _over(self.db, count), timeout=60)
+        await wait_until(
+            lambda: _over(self.db, count),
+            timeout=60,
+            what="more events published than the count before",
+        )
 
     async def finish(self) -> Counter[bytes]:
         """Let the writer finish, wait for the drain, check the stream; return id counts."""
         assert self.writer is not None
         await self.writer
-        await wait_until(lambda: _drained(self.db), timeout=60)
-        records = await consume(
-            self.bootstrap, [f"{self.namespace}.agg"], count=KEYS * PER_KEY, settle=1.0
+        await wait_until(lambda: _drained(self.db), timeout=60, what="the outbox drained")
+        records = await read_topic(
+            self.bootstrap, f"{self.namespace}.agg", count=KEYS * PER_KEY, settle=1.0
         )
         return _check_order_and_completeness(records, KEYS, PER_KEY)
 
@@ -219,7 +209,7 @@ async def test_two_relay_processes_split_lanes_and_take_over_from_a_killed_one(
     stream: Stream,
 ) -> None:
     db = stream.db
-    port_a = _free_port()
+    port_a = free_port()
     stream.start("a", port_a)
     b = stream.start("b")
     await wait_until(
@@ -228,6 +218,7 @@ async def test_two_relay_processes_split_lanes_and_take_over_from_a_killed_one(
             "AND count(*) FILTER (WHERE owner_id = 'b') = 32 FROM relay_lane"
         ),
         timeout=30,
+        what="relays a and b hold 32 lanes each",
     )
     await stream.write_until_published(300)
     loop = asyncio.get_running_loop()
@@ -240,6 +231,7 @@ async def test_two_relay_processes_split_lanes_and_take_over_from_a_killed_one(
         ),
         timeout=30,
         interval=0.05,
+        what="relay a holds all 64 lanes",
     )
     takeover = loop.time() - killed_at
     # Bounded by the lease TTL (3 s) plus one renewal round (0.5 s), with slack for CI.

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Container
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from relay.config import RelayConfig
@@ -16,6 +16,7 @@ from relay.publisher import BatchPublisher, Submission
 from relay.records import KafkaRecord
 from relay.retry import HELD_BEHIND_FAILURE, RECORD_TOO_LARGE, classify_failure
 from relay.topics import TopicCatalog
+from tests.support.kafka import read_topic
 from tests.unit.test_records import make_row
 
 _LIMIT = 2_000  # the topic's max.message.bytes: one 4 KiB record is too large
@@ -66,20 +67,7 @@ async def _submit(
 
 
 async def _read_all(bootstrap: str, topic: str) -> list[bytes]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        tp = TopicPartition(topic, 0)
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        end = (await consumer.end_offsets([tp]))[tp]
-        values: list[bytes] = []
-        while await consumer.position(tp) < end:
-            batch = await consumer.getmany(tp, timeout_ms=500)
-            values.extend(r.value or b"" for r in batch.get(tp, []))
-        return values
-    finally:
-        await consumer.stop()
+    return [record.value or b"" for record in await read_topic(bootstrap, topic)]
 
 
 @pytest.mark.parametrize("first_write", [True, False], ids=["first-write", "later-write"])

@@ -13,14 +13,9 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from tests.relay.harness import (
-    INSERT,
-    RunningRelay,
-    consume,
-    fast_config,
-    running_relay,
-    wait_until,
-)
+from tests.support.kafka import read_topic
+from tests.support.relay import INSERT, RunningRelay, fast_config, running_relay
+from tests.support.waiting import wait_until
 
 # Latency of a row: its receipt's publication time, or now while it is still waiting.
 _LATENCIES = """
@@ -83,7 +78,7 @@ async def test_a_missing_topic_stalls_only_its_own_rows_and_is_quarantined(
     )
     live: list[bool] = []
     async with running_relay(config) as running:
-        await wait_until(running.relay.ready, timeout=20)
+        await wait_until(running.relay.ready, timeout=20, what="the relay ready")
         baseline = await _write_steadily(db, 3.0, running, live)
         for n in range(12):
             await db.execute(
@@ -109,6 +104,7 @@ async def test_a_missing_topic_stalls_only_its_own_rows_and_is_quarantined(
                 "WHERE quarantined_at IS NOT NULL AND last_error_class = 'unknown_topic'"
             ),
             timeout=30,
+            what="12 events quarantined as unknown_topic",
         )
         assert running.metric("outbox_relay_quarantined_events_total") == 12
         assert (
@@ -155,7 +151,7 @@ async def _insert_sized(db: asyncpg.Connection, count: int, prefix: str, size: i
 async def _wait_for(db: asyncpg.Connection, condition: str, what: str) -> None:
     """``wait_until`` on a SQL condition; a timeout names what was awaited and what is left."""
     try:
-        await wait_until(lambda: db.fetchval(condition), timeout=30)
+        await wait_until(lambda: db.fetchval(condition), timeout=30, what=what)
     except AssertionError:
         state = [tuple(r) for r in await db.fetch(_STATE)]
         receipts = await db.fetchval("SELECT count(*) FROM outbox_receipt")
@@ -208,7 +204,7 @@ async def test_batches_fit_the_topic_and_only_a_record_too_large_alone_is_quaran
         refused = running.metric(
             "outbox_relay_retried_events_total", {"error_class": "batch_too_large"}
         )
-    records = await consume(kafka_bootstrap, [topic], count=300)
+    records = await read_topic(kafka_bootstrap, topic, count=300)
     assert len(records) >= 300 and b"huge" not in {r.key for r in records}
     assert refused > 0  # the lowered limit was met by a refusal, not by luck
 

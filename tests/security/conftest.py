@@ -10,7 +10,7 @@ import pytest_asyncio
 
 from tests.security.roles import LoginRole, create_login_role, drop_role
 from tests.security.tls import service_file
-from tests.services import PostgresServer
+from tests.support.services import PostgresServer
 
 MakeRole = Callable[[str], Awaitable[LoginRole]]
 

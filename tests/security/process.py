@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import threading
@@ -12,7 +11,8 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from tests.relay.test_process import POLICY_ALL_DISABLED
+from tests.support.ports import free_port
+from tests.support.processes import POLICY_ALL_DISABLED
 
 # Only the outbox family: a report with no family enabled would not need the database.
 POLICY_OUTBOX_ONLY = POLICY_ALL_DISABLED.replace(
@@ -32,12 +32,6 @@ def run_cli(*args: str, env: Mapping[str, str] | None = None) -> subprocess.Comp
         timeout=60,
         check=False,
     )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def policy_file(directory: Path, text: str = POLICY_ALL_DISABLED) -> str:

@@ -19,11 +19,13 @@ from health.commands import evaluate_once
 from scoring.worker import claim_next_due, enqueue_job
 from scoring.writer import EventDetails, complete_job
 from tests.health.conftest import RECEIPT_RETENTION_MS, loose_policy
-from tests.relay.harness import consume, fast_config, running_relay, wait_until
 from tests.security import matrix
 from tests.security.conftest import MakeRole
 from tests.security.process import run_cli
 from tests.security.roles import grant, privilege_matrix
+from tests.support.kafka import read_topic
+from tests.support.relay import fast_config, running_relay
+from tests.support.waiting import wait_until
 
 DENIED = asyncpg.InsufficientPrivilegeError
 
@@ -314,8 +316,10 @@ async def test_its_events_are_published(
     finally:
         await as_writer.close()
     async with running_relay(fast_config(database_url, kafka_bootstrap, topic_namespace)):
-        await wait_until(lambda: db.fetchval("SELECT count(*) = 0 FROM outbox"))
-    records = await consume(kafka_bootstrap, [f"{topic_namespace}.order"], count=3)
+        await wait_until(
+            lambda: db.fetchval("SELECT count(*) = 0 FROM outbox"), what="the outbox empty"
+        )
+    records = await read_topic(kafka_bootstrap, f"{topic_namespace}.order", count=3)
     assert [json.loads(r.value or b"")["n"] for r in records] == [0, 1, 2]
 
 

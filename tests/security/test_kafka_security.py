@@ -16,7 +16,6 @@ import asyncpg
 import pytest
 
 from relay.config import KafkaSecurity
-from tests.relay.harness import INSERT, consume, fast_config, running_relay, wait_until
 from tests.security.conftest import MakeRole
 from tests.security.kafka_acl import (
     DESCRIBE,
@@ -29,6 +28,9 @@ from tests.security.kafka_acl import (
 from tests.security.process import Service, policy_file
 from tests.security.roles import grant
 from tests.security.tls import untrusted_ca
+from tests.support.kafka import read_topic
+from tests.support.relay import INSERT, fast_config, running_relay
+from tests.support.waiting import wait_until
 
 EVENTS = 20
 
@@ -67,9 +69,11 @@ async def test_the_relay_publishes_through_each_secured_listener_with_only_the_d
             relay.url, secured.bootstrap, topic_namespace, kafka_security=security_of(secured)
         )
         async with running_relay(config) as running:
-            await wait_until(lambda: db.fetchval("SELECT count(*) = 0 FROM outbox"))
+            await wait_until(
+                lambda: db.fetchval("SELECT count(*) = 0 FROM outbox"), what="the outbox empty"
+            )
             assert running.relay.ready()
-        records = await consume(kafka_bootstrap, [topic], count=EVENTS)
+        records = await read_topic(kafka_bootstrap, topic, count=EVENTS)
     # At-least-once: a resend after a slow acknowledgement repeats an id, never loses one.
     ids = {dict(r.headers)["id"] for r in records}
     assert len(ids) == EVENTS
@@ -105,7 +109,7 @@ async def test_without_write_on_its_topics_the_relay_publishes_nothing(
                         for r in caplog.records
                     )
 
-                await wait_until(refused)
+                await wait_until(refused, what="the broker's refusal logged")
                 assert not running.relay.ready()
         assert await db.fetchval("SELECT count(*) FROM outbox") == 1
         assert await db.fetchval("SELECT count(*) FROM outbox_receipt") == 0
@@ -227,7 +231,10 @@ async def test_debug_logging_shows_neither_the_sasl_password_nor_record_contents
         )
         service = Service(env)
         services.append(service)
-        await wait_until(lambda: db.fetchval("SELECT count(*) = 1 FROM outbox_receipt"))
+        await wait_until(
+            lambda: db.fetchval("SELECT count(*) = 1 FROM outbox_receipt"),
+            what="one event published",
+        )
         assert service.stop() == 0
     everything = "\n".join(service.lines)
     assert '"level":"debug"' in everything  # debug logging was on

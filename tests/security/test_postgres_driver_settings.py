@@ -21,7 +21,7 @@ import pytest
 from contracts.errors import ConfigError
 from pgconnect import check_driver_settings, validate_database_url
 from tests.security.tls import service_file
-from tests.services import PostgresServer
+from tests.support.services import PostgresServer
 
 # A stand-in for a file's content, resolved per test: the services' CA and client pair,
 # or bytes that are no PEM at all.

@@ -20,11 +20,13 @@ from relay.redrive import RedriveFilter, redrive
 from scoring.worker import claim_next_due, enqueue_job
 from scoring.writer import EventDetails, complete_job
 from tests.health.conftest import RECEIPT_RETENTION_MS, loose_policy, relay_policy
-from tests.relay.harness import INSERT, consume, fast_config, running_relay, wait_until
 from tests.security.conftest import MakeRole
 from tests.security.kafka_acl import environment_without_secrets
 from tests.security.process import Service, policy_file, run_cli
 from tests.security.roles import grant
+from tests.support.kafka import read_topic
+from tests.support.relay import INSERT, fast_config, running_relay
+from tests.support.waiting import wait_until
 
 DENIED = asyncpg.InsufficientPrivilegeError
 REPO = Path(__file__).resolve().parents[2]
@@ -73,11 +75,14 @@ async def test_the_parts_do_their_work_under_their_own_roles(
 
     config = fast_config(relay.url, kafka_bootstrap, topic_namespace)
     async with running_relay(config) as running:
-        await wait_until(lambda: db.fetchval("SELECT count(*) = 0 FROM outbox"))
         await wait_until(
-            lambda: db.fetchval("SELECT count(*) = 64 FROM relay_lane WHERE owner_id IS NOT NULL")
+            lambda: db.fetchval("SELECT count(*) = 0 FROM outbox"), what="the outbox empty"
         )
-        records = await consume(
+        await wait_until(
+            lambda: db.fetchval("SELECT count(*) = 64 FROM relay_lane WHERE owner_id IS NOT NULL"),
+            what="every lane held",
+        )
+        records = await read_topic(
             kafka_bootstrap,
             [f"{topic_namespace}.scoring_job", f"{topic_namespace}.order"],
             count=2,
@@ -236,7 +241,9 @@ async def test_the_sidecar_process_is_within_bounds_under_its_role(
     )
     service = Service(env, "--no-relay")
     try:
-        await wait_until(lambda: service.get("/health")[0] == 200, timeout=30)
+        await wait_until(
+            lambda: service.get("/health")[0] == 200, timeout=30, what="/health answers 200"
+        )
         _, body = service.get("/health")
         assert json.loads(body)["classification"] == "within_bounds", body
         assert service.get("/readyz")[0] == 200
@@ -259,7 +266,7 @@ async def test_a_relay_role_without_its_grant_is_unready_naming_the_refusal(
         line = service.wait_for_line(lambda text: "database round failed" in text)
         # 42501 is insufficient_privilege: the role lacks its grant.
         assert json.loads(line)["cause"] == "server refused (42501)"
-        await wait_until(lambda: service.get("/readyz")[0] == 503)
+        await wait_until(lambda: service.get("/readyz")[0] == 503, what="/readyz answers 503")
     finally:
         assert service.stop() == 0
     assert not any(bare.password in text for text in service.lines)
@@ -281,7 +288,9 @@ async def test_a_relay_role_granted_before_it_read_the_sequence_still_delivers_a
         await db.execute(INSERT, "order", f"order-{n}", "order.placed", json.dumps({"n": n}))
     caplog.set_level("WARNING", logger="relay.engine")
     async with running_relay(fast_config(relay.url, kafka_bootstrap, topic_namespace)):
-        await wait_until(lambda: db.fetchval("SELECT count(*) = 0 FROM outbox"))
+        await wait_until(
+            lambda: db.fetchval("SELECT count(*) = 0 FROM outbox"), what="the outbox empty"
+        )
         # Several full passes (one every poll interval), one warning.
         await wait_until(
             lambda: db.fetchval(
@@ -289,6 +298,7 @@ async def test_a_relay_role_granted_before_it_read_the_sequence_still_delivers_a
                 "interval '600 ms'"
             ),
             timeout=10,
+            what="three receipts older than the retention",
         )
     said = [r.getMessage() for r in caplog.records if "outbox sequence" in r.getMessage()]
     assert len(said) == 1, said

@@ -16,7 +16,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from tests.relay.harness import INSERT, wait_until
 from tests.security.conftest import MakeRole
 from tests.security.kafka_acl import (
     ca_file,
@@ -26,6 +25,8 @@ from tests.security.kafka_acl import (
 )
 from tests.security.process import Service, process_list, run_cli
 from tests.security.roles import LoginRole, grant
+from tests.support.relay import INSERT
+from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -101,7 +102,9 @@ async def test_no_secret_appears_in_logs_errors_endpoints_or_the_process_list(
             await db.execute(INSERT, "order", f"order-{i}", "order.placed", json.dumps({"n": i}))
         service = Service(env)
         try:
-            await wait_until(lambda: db.fetchval("SELECT count(*) = 0 FROM outbox"))
+            await wait_until(
+                lambda: db.fetchval("SELECT count(*) = 0 FROM outbox"), what="the outbox empty"
+            )
             for path in ("/health", "/metrics", "/", "/readyz", "/livez"):
                 status, body = service.get(path)
                 assert status in (200, 503), path

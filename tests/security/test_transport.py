@@ -19,9 +19,9 @@ import asyncpg
 import pytest
 
 from tests.foundation.support import cli_env, run_cli
-from tests.relay.test_process import POLICY_ALL_DISABLED
 from tests.security.process import Service, policy_file
 from tests.support.faultproxy import FaultProxy
+from tests.support.processes import POLICY_ALL_DISABLED
 
 WARNING = "connections without certificate verification"
 GAUGE = "outbox_relay_unverified_transport"

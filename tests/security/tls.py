@@ -13,7 +13,7 @@ def service_file(variable: str) -> str:
     """A file the test services name in the environment; skip (or fail when required) without it."""
     path = os.environ.get(variable)
     if not path:
-        from tests.services import REQUIRED
+        from tests.support.services import REQUIRED
 
         if REQUIRED:
             pytest.fail(f"OUTBOX_RELAY_REQUIRE_SERVICES=1 but {variable} is not set")

@@ -16,8 +16,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from tests.faults.harness import Seen, order_violations
 from tests.soak.schedule import RECOVERY_S, Fault
+from tests.support.order import Seen, order_violations
 
 
 @dataclass(frozen=True)

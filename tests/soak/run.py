@@ -30,13 +30,13 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from scoring.worker import enqueue_job, expire_leases
-from tests.faults.harness import RelayProcess, Relays
 from tests.soak.audit import AuditResult, Committed, Record, audit
 from tests.soak.health_truth import HealthSample, HealthVerdict, LivezSample, judge
 from tests.soak.schedule import MIN_SHARE, WORKER_LEASE_S, Fault, FaultKind, build_schedule
 from tests.soak.scoring_worker import DATABASE_ERRORS, EVENT
 from tests.soak.services import REPO, Ports, SoakServices
 from tests.support.faultproxy import FaultProxy
+from tests.support.processes import RelayProcess, Relays
 
 log = logging.getLogger("soak")
 

@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.services import REQUIRED
 from tests.soak.services import REPO
+from tests.support.services import REQUIRED
+
+# It starts services of its own.
+pytestmark = pytest.mark.services
 
 SECONDS = 120
 BASE_PORT = 25500  # make soak uses 25000: the two never meet

@@ -14,8 +14,11 @@ from pathlib import Path
 import pytest
 
 from scripts.services.host import ServiceError
-from tests.services import REQUIRED
 from tests.soak.run import Soak, SoakConfig
+from tests.support.services import REQUIRED
+
+# It starts services of its own.
+pytestmark = pytest.mark.services
 
 BASE_PORT = 25700  # neither make soak (25000) nor the two-minute soak (25500)
 

@@ -1,1 +1,18 @@
-"""Test support shared by several test folders: the fault-injection TCP proxy and its fixtures."""
+"""The one home of what tests share; a test imports from here, never from another test
+folder's modules.
+
+- ``services``: the real services as fixtures (a pytest plugin), the ``services`` marker,
+  scratch databases;
+- ``waiting``: ``wait_until`` (and ``wait_until_blocking``) for a condition,
+  ``wait_for_signal`` for a moment the relay signals (relay/signals.py);
+- ``ports``: ``free_port``;
+- ``kafka``: ``read_topic``, a topic's records from the beginning;
+- ``relay``: a relay in the test's event loop (``running_relay``, ``fast_config``);
+- ``processes``: ``outbox-relay run`` as processes (``Relays``);
+- ``order``: writers that count each key's commits, and the per-key order check;
+- ``http``: a raw HTTP/1.1 client;
+- ``faultproxy`` and ``kafka_paths``: a TCP proxy that stalls, heals and cuts a path, and
+  the broker listeners it can sit in front of.
+
+Its own tests are the ``test_*.py`` beside them.
+"""

@@ -26,7 +26,6 @@ can prove that its fault happened (bytes were held, connections were cut).
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -35,9 +34,10 @@ import selectors
 import socket
 import struct
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+from tests.support.waiting import described, wait_until, wait_until_blocking
 
 _CHUNK = 64 * 1024
 # Past this many buffered bytes in one direction the proxy stops reading that side, so
@@ -250,33 +250,47 @@ class FaultProxy:
         return self._call(lambda: [c.stats() for c in self._connections.values()])
 
     def wait_until(
-        self, predicate: Callable[[ProxyCounters], bool], timeout: float = 10.0
+        self,
+        predicate: Callable[[ProxyCounters], bool],
+        timeout: float = 10.0,
+        what: str | None = None,
     ) -> ProxyCounters:
-        """Block until ``predicate(counters())`` holds; raise TimeoutError with the last ones."""
-        deadline = time.monotonic() + timeout
-        while (counters := self._met(predicate, deadline)) is None:
-            time.sleep(_POLL_S)
-        return counters
+        """Block until ``predicate(counters())`` holds and return those counters; a failure
+        names ``what`` (else the predicate) and the last counters. For a test's own thread
+        (tests/support/waiting.py)."""
+        try:
+            return wait_until_blocking(
+                lambda: self._met(predicate),
+                what=self._what(predicate, what),
+                timeout=timeout,
+                interval=_POLL_S,
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last {self.counters()}") from None
 
     async def until(
-        self, predicate: Callable[[ProxyCounters], bool], timeout: float = 10.0
+        self,
+        predicate: Callable[[ProxyCounters], bool],
+        timeout: float = 10.0,
+        what: str | None = None,
     ) -> ProxyCounters:
-        """``wait_until`` for asyncio tests: polls without blocking the event loop."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if (counters := self._met(predicate, deadline)) is not None:
-                return counters
-            await asyncio.sleep(_POLL_S)
+        """:meth:`wait_until` for asyncio tests: polls without blocking the event loop."""
+        try:
+            return await wait_until(
+                lambda: self._met(predicate),
+                what=self._what(predicate, what),
+                timeout=timeout,
+                interval=_POLL_S,
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last {self.counters()}") from None
 
-    def _met(
-        self, predicate: Callable[[ProxyCounters], bool], deadline: float
-    ) -> ProxyCounters | None:
+    def _met(self, predicate: Callable[[ProxyCounters], bool]) -> ProxyCounters | None:
         counters = self.counters()
-        if predicate(counters):
-            return counters
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"proxy {self.listen}: condition not met; {counters}")
-        return None
+        return counters if predicate(counters) else None
+
+    def _what(self, predicate: Callable[[ProxyCounters], bool], what: str | None) -> str:
+        return f"proxy {self.listen}: {what or described(predicate)}"
 
     # -- inside the proxy thread ------------------------------------------------------------
     def _call(self, fn: Callable[[], T]) -> T:

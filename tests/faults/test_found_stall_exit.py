@@ -15,11 +15,11 @@ import time
 
 import asyncpg
 
-from tests.faults.conftest import kafka_proxies, relays, writer
-from tests.faults.harness import Relays, Writer, lanes_held, wait_until
+from tests.faults.lanes import lanes_held
 from tests.support.faultproxy import FaultProxy
-
-__all__ = ["kafka_proxies", "relays", "writer"]  # the fault tests' fixtures, used here
+from tests.support.order import Writer
+from tests.support.processes import Relays
+from tests.support.waiting import wait_until
 
 
 async def test_a_relay_keeps_running_through_a_stalled_kafka_path(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.faults.harness import Seen, order_violations
+from tests.support.order import Seen, order_violations
 
 
 def _history(*versions: int) -> list[Seen]:

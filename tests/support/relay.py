@@ -1,18 +1,15 @@
-"""Running a relay inside the test's event loop, and reading what reached Kafka."""
+"""A relay running inside the test's event loop, with settings that keep tests quick."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import asyncpg
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
 from relay import sql
@@ -20,6 +17,7 @@ from relay.config import RelayConfig
 from relay.engine import Relay
 from relay.metrics import RelayMetrics
 from relay.store import RelayStore, StoreFactory
+from tests.support.waiting import wait_until
 
 INSERT = """
 INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
@@ -47,6 +45,8 @@ def fast_config(database_url: str, bootstrap: str, namespace: str, **overrides: 
 
 @dataclasses.dataclass
 class RunningRelay:
+    """A relay started by :func:`running_relay`."""
+
     relay: Relay
     stop: anyio.Event
     task: asyncio.Task[None]
@@ -59,7 +59,9 @@ class RunningRelay:
     async def holds_every_lane(self, timeout: float = 30.0) -> None:
         """Wait until this relay owns every lane (what a lone instance claims)."""
         await wait_until(
-            lambda: self.metric("outbox_relay_lanes_owned") == sql.LANE_COUNT, timeout=timeout
+            lambda: self.metric("outbox_relay_lanes_owned") == sql.LANE_COUNT,
+            timeout=timeout,
+            what=f"relay {self.relay.config.instance_id} holds all {sql.LANE_COUNT} lanes",
         )
 
 
@@ -86,67 +88,6 @@ async def running_relay(
         await asyncio.wait_for(task, timeout=30)
 
 
-async def consume(
-    bootstrap: str,
-    topics: list[str],
-    *,
-    count: int,
-    timeout: float = 30.0,
-    settle: float = 0.0,
-) -> list[ConsumerRecord[bytes, bytes]]:
-    """Read every record of ``topics`` from the beginning until ``count`` arrived."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        metadata_max_age_ms=500,
-    )
-    await consumer.start()
-    try:
-        partitions: list[TopicPartition] = []
-        deadline = time.monotonic() + timeout
-        while not partitions and time.monotonic() < deadline:
-            for topic in topics:
-                found = consumer.partitions_for_topic(topic)
-                if found is None:
-                    await consumer._client.force_metadata_update()  # topic may be new
-                    found = consumer.partitions_for_topic(topic) or set()
-                partitions.extend(TopicPartition(topic, p) for p in sorted(found))
-            if not partitions:
-                await asyncio.sleep(0.2)
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        records: list[ConsumerRecord[bytes, bytes]] = []
-        while time.monotonic() < deadline and len(records) < count:
-            batch = await consumer.getmany(timeout_ms=200)
-            for chunk in batch.values():
-                records.extend(chunk)
-        if settle:
-            end = time.monotonic() + settle
-            while time.monotonic() < end:
-                batch = await consumer.getmany(timeout_ms=100)
-                for chunk in batch.values():
-                    records.extend(chunk)
-        return records
-    finally:
-        await consumer.stop()
-
-
-async def wait_until(
-    predicate: Callable[[], Any], *, timeout: float = 30.0, interval: float = 0.1
-) -> None:
-    """Poll an (async or sync) predicate until it is truthy or fail."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(interval)
-
-
 async def outbox_count(conn: asyncpg.Connection) -> int:
+    """Rows still waiting in the outbox (quarantined ones left out)."""
     return int(await conn.fetchval("SELECT count(*) FROM outbox WHERE quarantined_at IS NULL"))

@@ -26,8 +26,8 @@ from bench.peers.comparison import (
 )
 from bench.peers.measure import latencies_ms, percentile
 from bench.report import median_or_none, per_run_ratios, rss_line, verdict
-from tests.relay.harness import wait_until
-from tests.services import REQUIRED
+from tests.support.services import REQUIRED
+from tests.support.waiting import wait_until
 
 
 @pytest.mark.parametrize(
@@ -574,8 +574,8 @@ async def test_a_measurement_s_topics_are_deleted_and_a_missing_one_is_no_error(
     # The controller answers once the change is committed; the broker's metadata, which
     # list_topics reads, applies it a moment later (a direct read failed 1 run in 6).
     await measure.create_topic(kafka_bootstrap, topic)
-    await wait_until(listed, timeout=10)
+    await wait_until(listed, timeout=10, what="the new topic listed")
     await measure.delete_topics(kafka_bootstrap, [topic])
-    await wait_until(gone, timeout=10)
+    await wait_until(gone, timeout=10, what="the deleted topic gone from the list")
     await measure.delete_topics(kafka_bootstrap, [topic])  # already gone
     await measure.delete_topics(kafka_bootstrap, [])

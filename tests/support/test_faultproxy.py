@@ -14,6 +14,7 @@ import pytest
 
 from tests.support.faultproxy import FaultProxy, parse_address
 from tests.support.kafka_paths import ProxyRoute, parse_routes, started_proxies
+from tests.support.waiting import wait_until_blocking
 
 
 class Upstream:
@@ -66,15 +67,6 @@ class Upstream:
 
     def close(self) -> None:
         self._listener.close()
-
-
-def _wait(predicate: object, timeout: float = 5.0) -> None:
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
 
 
 def _recv_exactly(sock: socket.socket, size: int, timeout: float = 5.0) -> bytes:
@@ -245,7 +237,9 @@ def test_cut_resets_both_sides_and_drops_what_was_held(upstream: Upstream) -> No
         client.settimeout(5)
         with pytest.raises(ConnectionResetError):
             client.recv(1)
-        _wait(lambda: upstream.ends == ["reset"])
+        wait_until_blocking(
+            lambda: upstream.ends == ["reset"], timeout=5, interval=0.01, what="the upstream reset"
+        )
         counters = proxy.counters()
         assert counters.open == 0
         assert counters.cuts == 1
@@ -269,8 +263,15 @@ def test_graceful_close_while_stalled_delivers_the_held_bytes_after_heal(sink: U
         time.sleep(0.2)
         assert sink.total() == 0
         proxy.heal()
-        _wait(lambda: sink.total() == len(b"late request"))
-        _wait(lambda: sink.ends == ["eof"])  # the close follows the data
+        wait_until_blocking(
+            lambda: sink.total() == len(b"late request"),
+            timeout=5,
+            interval=0.01,
+            what="the held request delivered",
+        )
+        wait_until_blocking(
+            lambda: sink.ends == ["eof"], timeout=5, interval=0.01, what="the close after the data"
+        )
         proxy.wait_until(lambda c: c.open == 0)
 
 
@@ -285,7 +286,9 @@ def test_abortive_close_while_stalled_drops_the_held_bytes(sink: Upstream) -> No
         counters = proxy.wait_until(lambda c: c.open == 0)
         assert counters.dropped == 5
         proxy.heal()
-        _wait(lambda: sink.ends == ["reset"])
+        wait_until_blocking(
+            lambda: sink.ends == ["reset"], timeout=5, interval=0.01, what="the reset passed on"
+        )
         assert sink.total() == 0
 
 
