@@ -21,7 +21,7 @@ import asyncpg
 from relay.records import OutboxRow
 from relay.store import Recorded, RelayStore
 from tests.support.relay import fast_config, running_relay
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_for_signal, wait_until
 
 KEY = "k-race"
 INSERT_ROW = """
@@ -51,7 +51,6 @@ async def test_a_fetch_that_overlaps_a_failure_record_does_not_send_a_later_row_
     )
     snapshot_taken = asyncio.Event()
     fetches_after: list[int] = []
-    window: Any = None
 
     class SlowFetchAfterTheSnapshot(RelayStore):
         async def fetch_ready(self, *args: Any, **kwargs: Any) -> list[OutboxRow]:
@@ -61,7 +60,11 @@ async def test_a_fetch_that_overlaps_a_failure_record_does_not_send_a_later_row_
             elif any(r.aggregateid == KEY and r.seq != failed_seq for r in rows):
                 snapshot_taken.set()
                 # Returns only once the failure is recorded and its hold released.
-                await wait_until(lambda: not window.is_held(KEY), what="the key's hold released")
+                await wait_for_signal(
+                    running.signals.recorded,
+                    where=lambda outcome: any(row.aggregateid == KEY for row, _ in outcome.failed),
+                    what="the failure of the key's first row recorded and its hold released",
+                )
             return rows
 
         async def record_outcome(self, *args: Any, **kwargs: Any) -> Recorded:
@@ -71,8 +74,14 @@ async def test_a_fetch_that_overlaps_a_failure_record_does_not_send_a_later_row_
             return await super().record_outcome(*args, **kwargs)
 
     async with running_relay(config, store_factory=SlowFetchAfterTheSnapshot) as running:
+        running.signals.sent.enable()
+        running.signals.recorded.enable()
         window = running.relay._window
-        await wait_until(lambda: window.is_held(KEY), what="the key held")
+        await wait_for_signal(
+            running.signals.sent,
+            where=lambda submission: any(row.aggregateid == KEY for row, _ in submission.failures),
+            what="the key's first row refused before sending, and its key held",
+        )
         # The key's next row, committed while its failure is not recorded yet.
         later_seq = await db.fetchval(INSERT_ROW, KEY, json.dumps(2), None)
         await wait_until(snapshot_taken.is_set, what="a fetch that saw the key free")

@@ -24,7 +24,7 @@ import pytest
 from relay.records import OutboxRow
 from relay.store import RelayStore
 from tests.support.relay import fast_config, running_relay
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_for_signal, wait_until
 
 KEY = "k-pass"
 INSERT_ROW = """
@@ -83,15 +83,17 @@ async def test_a_pass_does_not_publish_a_keys_later_row_before_one_it_stepped_ov
                 finally:
                     await watcher.close()
                 # ...and its rows have left the window: the hold is gone in memory too.
-                await wait_until(
-                    lambda: first["seq"] not in window.seqs(),
-                    timeout=30,
-                    what="the first event out of the in-flight window",
+                await wait_for_signal(
+                    running.signals.recorded,
+                    where=lambda outcome: any(
+                        row.seq == first["seq"] for group in outcome.published for row in group.rows
+                    ),
+                    what="the first event's batch concluded and out of the in-flight window",
                 )
             return await super().fetch_ready(lanes, cursor, limit, **kwargs)
 
     async with running_relay(config, store_factory=FetchAfterFirstIsRecorded) as running:
-        window = running.relay._window
+        running.signals.recorded.enable()
         await wait_until(
             lambda: db.fetchval("SELECT count(*) = 3 FROM outbox_receipt WHERE id = ANY($1)", ids),
             timeout=60,

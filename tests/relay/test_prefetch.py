@@ -18,9 +18,10 @@ import asyncpg
 import pytest
 
 from relay import sql
+from relay.outcome import Outcome
 from relay.records import RecordMapper
 from tests.support.relay import fast_config, running_relay
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_for_signal
 
 _BATCH = 50
 _BATCHES = 4
@@ -64,11 +65,20 @@ async def test_the_next_fetch_is_sent_before_a_full_batch_is_mapped(
     async with running_relay(config) as running:
         await running.holds_every_lane(timeout=_PROMPTLY_S)
         steps.clear()
+        running.signals.recorded.enable()
+        published = 0
+
+        def all_published(outcome: Outcome) -> bool:
+            nonlocal published
+            published += outcome.published_count
+            return published == _BATCH * _BATCHES
+
         await db.execute(INSERT_ROWS, _BATCH * _BATCHES)  # one commit: a backlog at once
-        await wait_until(
-            lambda: running.metric("outbox_relay_published_events_total") == _BATCH * _BATCHES,
-            timeout=_PROMPTLY_S,
+        await wait_for_signal(
+            running.signals.recorded,
+            where=all_published,
             what="the whole backlog published",
+            timeout=_PROMPTLY_S,
         )
     full = f"fetched {_BATCH}"
     # Every full fetch but the last is followed by the next fetch's statement before its

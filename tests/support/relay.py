@@ -16,8 +16,9 @@ from relay import sql
 from relay.config import RelayConfig
 from relay.engine import Relay
 from relay.metrics import RelayMetrics
+from relay.signals import RelaySignals
 from relay.store import RelayStore, StoreFactory
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_for_signal
 
 INSERT = """
 INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
@@ -45,23 +46,31 @@ def fast_config(database_url: str, bootstrap: str, namespace: str, **overrides: 
 
 @dataclasses.dataclass
 class RunningRelay:
-    """A relay started by :func:`running_relay`."""
+    """A relay started by :func:`running_relay`. Its :attr:`signals` are off until the test
+    enables one; enabled before the test's first ``await``, none of its moments is missed."""
 
     relay: Relay
     stop: anyio.Event
     task: asyncio.Task[None]
     registry: CollectorRegistry
 
+    @property
+    def signals(self) -> RelaySignals:
+        return self.relay.signals
+
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
         value = self.registry.get_sample_value(name, labels or {})
         return 0.0 if value is None else value
 
     async def holds_every_lane(self, timeout: float = 30.0) -> None:
-        """Wait until this relay owns every lane (what a lone instance claims)."""
-        await wait_until(
-            lambda: self.metric("outbox_relay_lanes_owned") == sql.LANE_COUNT,
-            timeout=timeout,
+        """Wait for the lane round after which this relay owns every lane (what a lone
+        instance claims)."""
+        self.signals.lanes_owned.enable()  # said every round: none is missed by enabling late
+        await wait_for_signal(
+            self.signals.lanes_owned,
+            where=lambda owned: owned == sql.LANE_COUNT,
             what=f"relay {self.relay.config.instance_id} holds all {sql.LANE_COUNT} lanes",
+            timeout=timeout,
         )
 
 
