@@ -71,12 +71,10 @@ lint: venv ## ruff, ruff format, mypy --strict, the import contracts
 	$(VENV)/bin/lint-imports --no-cache
 
 # What to run before each commit, with no service running: lint, then every test the
-# `services` marker leaves out (the service fixtures set it: tests/support/services.py).
-# The lock test that builds a venv from the package index is left to `make test` too.
+# `services` marker leaves out (the service fixtures set it: tests/support/services.py),
+# in two pytest processes side by side (tests/support/check.py).
 check: lint ## lint and every test that needs no service: the run before each commit
-	$(VPY) -m pytest -q -p no:cacheprovider -m "not services" \
-		--deselect tests/deploy/test_lock.py::test_make_venv_installs_exactly_the_lock_and_a_drift_is_caught \
-		$(PYTEST_ARGS)
+	$(VPY) -m tests.support.check $(PYTEST_ARGS)
 
 # Lint first (cheap), then services, then pytest. The trap stops exactly the services that
 # this run's `up` started (services already running beforehand are left alone), also when
