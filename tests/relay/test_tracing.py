@@ -17,7 +17,9 @@ from opentelemetry.trace import SpanKind
 import relay.tracing
 from relay.records import OutboxRow
 from relay.tracing import PublishTracing, link_limit
-from tests.relay.harness import consume, fast_config, running_relay, wait_until
+from tests.support.kafka import read_topic
+from tests.support.relay import fast_config, running_relay
+from tests.support.waiting import wait_until
 
 INSERT = """
 INSERT INTO outbox (aggregatetype, aggregateid, type, payload, traceparent, tracestate)
@@ -57,7 +59,9 @@ async def test_a_batch_is_published_under_a_producer_span_linked_to_each_row_s_c
     )
     config = fast_config(database_url, kafka_bootstrap, topic_namespace)
     async with running_relay(config, tracer_provider=provider):
-        await wait_until(lambda: db.fetchval("SELECT count(*) = 0 FROM outbox"))
+        await wait_until(
+            lambda: db.fetchval("SELECT count(*) = 0 FROM outbox"), what="the outbox empty"
+        )
     topic = f"{topic_namespace}.order"
     (span,) = [s for s in spans.get_finished_spans() if s.name.startswith("send")]
     assert span.name == f"send {topic}"
@@ -74,7 +78,7 @@ async def test_a_batch_is_published_under_a_producer_span_linked_to_each_row_s_c
     assert with_state[0].context.trace_state.to_header() == "vendor=opaque,other=x"
     assert all(link.context.is_remote for link in span.links)
     assert len(traced) == 3
-    records = {r.key: dict(r.headers) for r in await consume(kafka_bootstrap, [topic], count=6)}
+    records = {r.key: dict(r.headers) for r in await read_topic(kafka_bootstrap, topic, count=6)}
     assert records[b"k-state"]["tracestate"] == b"vendor=opaque,other=x"
     assert records[b"k-state"]["traceparent"] == _traceparent(10).encode()
     assert "traceparent" not in records[b"k-void"]
@@ -92,7 +96,9 @@ async def test_a_batch_past_the_link_limit_links_every_row(
     await db.executemany(INSERT, [(f"k{n}", "{}", _traceparent(n), None) for n in range(count)])
     config = fast_config(database_url, kafka_bootstrap, topic_namespace)
     async with running_relay(config, tracer_provider=provider):
-        await wait_until(lambda: db.fetchval("SELECT count(*) = 0 FROM outbox"))
+        await wait_until(
+            lambda: db.fetchval("SELECT count(*) = 0 FROM outbox"), what="the outbox empty"
+        )
     sent = [s for s in spans.get_finished_spans() if s.name.startswith("send")]
     linked = [(link.context.trace_id, link.context.span_id) for s in sent for link in s.links]
     assert sorted(linked) == [(n + 1, n + 1) for n in range(count)]  # each row, once

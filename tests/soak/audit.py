@@ -3,7 +3,7 @@ every record a consumer read from Kafka.
 
 - lost: a committed event id that no record carries;
 - order: per key, first occurrences (by id) in commit order and the last record the latest
-  event (the fault tests' own rule, :func:`tests.faults.harness.order_violations`);
+  event (the fault tests' own rule, :func:`tests.support.order.order_violations`);
 - jobs: every terminal job has exactly one event id on its topic, and no other job has one;
 - duplicates: records whose id was read before, each attributed to the latest-begun fault
   whose window (stretched by the relay's lease and the recovery allowance) holds its

@@ -14,6 +14,7 @@ import pytest
 
 from tests.support.faultproxy import FaultProxy, parse_address
 from tests.support.kafka_paths import ProxyRoute, parse_routes, started_proxies
+from tests.support.ports import free_port
 from tests.support.waiting import wait_until_blocking
 
 
@@ -128,9 +129,7 @@ def test_parse_routes() -> None:
 
 def test_started_proxies_follow_their_routes(upstream: Upstream) -> None:
     target = f"{upstream.address[0]}:{upstream.address[1]}"
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     with started_proxies([ProxyRoute(f"127.0.0.1:{port}", target)]) as [proxy]:
         assert proxy.listen == f"127.0.0.1:{port}"
         with socket.create_connection(proxy.address) as client:
@@ -293,10 +292,7 @@ def test_abortive_close_while_stalled_drops_the_held_bytes(sink: Upstream) -> No
 
 
 def test_upstream_down_refuses_the_client() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        closed_port = probe.getsockname()[1]
-    with FaultProxy(("127.0.0.1", 0), ("127.0.0.1", closed_port)) as proxy:
+    with FaultProxy(("127.0.0.1", 0), ("127.0.0.1", free_port())) as proxy:
         with socket.create_connection(proxy.address) as client:
             client.settimeout(5)
             with contextlib.suppress(ConnectionResetError):
