@@ -21,7 +21,7 @@ from relay import sql
 from relay.outcome import Outcome
 from relay.records import RecordMapper
 from tests.support.relay import fast_config, running_relay
-from tests.support.waiting import wait_for_signal
+from tests.support.waiting import wait_for_signal, wait_until
 
 _BATCH = 50
 _BATCHES = 4
@@ -64,6 +64,13 @@ async def test_the_next_fetch_is_sent_before_a_full_batch_is_mapped(
     )
     async with running_relay(config) as running:
         await running.holds_every_lane(timeout=_PROMPTLY_S)
+        # The pass that gaining the lanes starts reads an empty outbox: the backlog must meet
+        # an idle relay, not a pass already under way.
+        await wait_until(
+            lambda: steps[-1:] == ["fetched 0"],
+            what="the first pass over the empty outbox",
+            timeout=_PROMPTLY_S,
+        )
         steps.clear()
         running.signals.recorded.enable()
         published = 0
