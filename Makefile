@@ -72,7 +72,7 @@ lint: venv ## ruff, ruff format, mypy --strict, the import contracts
 
 # What to run before each commit, with no service running: lint, then every test the
 # `services` marker leaves out (the service fixtures set it: tests/support/services.py),
-# in two pytest processes side by side (tests/support/check.py).
+# in pytest processes side by side (tests/support/check.py).
 check: lint ## lint and every test that needs no service: the run before each commit
 	$(VPY) -m tests.support.check $(PYTEST_ARGS)
 

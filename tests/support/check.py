@@ -1,8 +1,8 @@
-"""The tests of ``make check``: every test the ``services`` marker leaves out, in two pytest
-processes side by side, so the tests that wait (timers, processes starting) overlap the
-ones that compute. The first takes the folders below, the second every other one, so a new
-folder is never left out. Each process's report is printed whole, one after the other;
-the exit code is the first failing one's.
+"""The tests of ``make check``: every test the ``services`` marker leaves out, in three
+pytest processes side by side, so the tests that wait (timers, processes starting) overlap
+the ones that compute. Each of the first ones takes the folders :data:`GROUPS` gives it,
+the last every other folder, so a new folder is never left out. Each process's report is
+printed whole, one after the other; the exit code is the first failing one's.
 
     python -m tests.support.check [pytest arguments]
 """
@@ -13,8 +13,9 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-# Mostly tests that run the CLI as processes: together about as long as all the others.
-FIRST = ("tests/fuzz", "tests/foundation", "tests/health")
+# Folders whose tests mostly run the CLI as processes or wait on timers, grouped so that the
+# processes end at about the same time.
+GROUPS = (("tests/fuzz", "tests/health"), ("tests/foundation", "tests/orchestrator"))
 
 SELECT = (
     "-m",
@@ -28,15 +29,16 @@ NOTHING_COLLECTED = 5
 
 
 def commands(extra: Sequence[str]) -> list[list[str]]:
-    """The two pytest command lines, ``extra`` arguments given to both."""
+    """The pytest command lines, ``extra`` arguments given to each."""
     pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SELECT, *extra]
-    rest = ["tests", *(f"--ignore={folder}" for folder in FIRST)]
-    return [[*pytest, *FIRST], [*pytest, *rest]]
+    named = [folder for group in GROUPS for folder in group]
+    rest = ["tests", *(f"--ignore={folder}" for folder in named)]
+    return [*([*pytest, *group] for group in GROUPS), [*pytest, *rest]]
 
 
 def verdict(codes: Sequence[int]) -> int:
-    """The run's exit code: a selection that one process found nothing in is fine, as long
-    as the other ran something."""
+    """The run's exit code: a selection that some processes found nothing in is fine, as
+    long as another ran something."""
     failed = [code for code in codes if code not in (0, NOTHING_COLLECTED)]
     if failed:
         return failed[0]
