@@ -16,7 +16,7 @@ RUNTIME_LOCK := requirements-runtime.lock
 LOCK_UPGRADE ?=
 SERVICES := $(VPY) -m scripts.services
 # down needs no driver: it runs without the venv too
-SERVICES_DOWN := $(if $(wildcard $(VPY)),$(VPY),$(PYTHON)) -m scripts.services
+SERVICES_DOWN := $(if $(wildcard $(VPY)),$(VPY),"$(PYTHON)") -m scripts.services
 ENV_FILE := .services/env
 PYTEST_ARGS ?=
 
@@ -31,7 +31,7 @@ venv: $(STAMP) ## .venv exactly as requirements.lock says, plus the package inst
 # pip-sync (from the lock) removes whatever it does not list, then the package itself goes
 # in without resolving anything. Re-run when the lock or pyproject.toml changed.
 $(STAMP): pyproject.toml $(LOCK)
-	@if [ ! -x $(VPY) ]; then echo "creating $(VENV)"; $(PYTHON) -m venv $(VENV); fi
+	@if [ ! -x $(VPY) ]; then echo "creating $(VENV)"; "$(PYTHON)" -m venv $(VENV); fi
 	$(VPY) -m pip install --quiet --require-hashes --no-deps -r $(LOCK)
 	$(VENV)/bin/pip-sync --quiet $(LOCK)
 	$(VPY) -m pip install --quiet --no-deps --no-build-isolation -e .
