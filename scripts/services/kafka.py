@@ -23,7 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scripts.services.declaration import Service
-from scripts.services.host import alive, apt_install, failure, pid_from_file, run, terminate
+from scripts.services.host import (
+    alive,
+    apt_install,
+    command_line,
+    failure,
+    pid_from_file,
+    pid_listening_on,
+    run,
+    terminate,
+)
 from scripts.services.plan import PortPlan
 from scripts.services.probes import kafka_answer
 from scripts.services.tls import SCRAM_USERS, DevTls
@@ -280,9 +289,16 @@ class KafkaBroker(Service):
 
     # -- life ---------------------------------------------------------------------------------
     def pid(self) -> int | None:
-        return pid_from_file(
-            self.home / "kafka.pid", command_has=["kafka.Kafka", str(self.properties)]
-        )
+        command = ["kafka.Kafka", str(self.properties)]
+        found = pid_from_file(self.home / "kafka.pid", command_has=command)
+        if found is None:
+            # A pid file that names no live broker (written over, or left by a start that
+            # raced): the broker listening on this checkout's address, if its command line
+            # is this checkout's, is still ours to stop.
+            listening = pid_listening_on(self.bootstrap)
+            if listening is not None and all(part in command_line(listening) for part in command):
+                found = listening
+        return found
 
     def running(self) -> bool:
         return self.pid() is not None
