@@ -22,7 +22,7 @@ from typing import Any, Final
 import aiokafka
 from aiokafka import AIOKafkaProducer
 from aiokafka.conn import AIOKafkaConnection
-from aiokafka.producer.message_accumulator import BatchBuilder
+from aiokafka.producer.message_accumulator import BatchBuilder, MessageBatch
 
 from contracts.errors import ConfigError
 
@@ -47,6 +47,16 @@ INTERNALS: Final = (
         "producer_reset: fail every batch it holds; publisher: its compression",
     ),
     KafkaInternal("MessageAccumulator", "fail_all", "producer_reset: fail every held batch"),
+    KafkaInternal(
+        "Sender", "_fail_all", "producer_reset: its end-of-task handler, removed on a reset"
+    ),
+    KafkaInternal("MessageAccumulator", "_batches", "producer_reset: the batches still queued"),
+    KafkaInternal(
+        "MessageAccumulator",
+        "_pending_batches",
+        "producer_reset: queued batches counted as sent before they are failed",
+    ),
+    KafkaInternal("MessageBatch", "drain_ready", "producer_reset: a queued batch taken as if sent"),
     KafkaInternal(
         "MessageAccumulator",
         "_compression_type",
@@ -85,6 +95,7 @@ def _owners(producer: Any, connection: Any) -> dict[str, Any]:
         "AIOKafkaClient": getattr(producer, "client", None),
         "AIOKafkaConnection": connection,
         "BatchBuilder": BatchBuilder,
+        "MessageBatch": MessageBatch,
     }
 
 

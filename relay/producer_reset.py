@@ -49,6 +49,22 @@ def _linger_zero(transport: asyncio.BaseTransport) -> None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ZERO)
 
 
+def _take_queued(accumulator: Any) -> None:
+    """Take every batch the accumulator still queues as the sender takes one to send
+    (drained, and pending), so that failing it next is quiet.
+
+    Failed while queued, a batch sets an error on its drain waiter, which nobody awaits
+    once the producer is given up ("Future exception was never retrieved", logged as an
+    error); and one the sender had sent once and put back after a retriable error keeps
+    the callback that drops it from the pending set, which then raises KeyError. The
+    accumulator is being given up: its bookkeeping only has to let both pass.
+    """
+    for queued in accumulator._batches.values():
+        for batch in queued:
+            batch.drain_ready()
+        accumulator._pending_batches.update(queued)
+
+
 class ProducerReset:
     """Tracks a producer's broker connections from the start; :meth:`reset` kills them all."""
 
@@ -105,8 +121,14 @@ class ProducerReset:
         self.done = True
         producer: Any = self._producer
         sender = producer._sender
-        if sender is not None and sender.sender_task is not None:
-            sender.sender_task.cancel()
+        accumulator = producer._message_accumulator
+        task = sender.sender_task if sender is not None else None
+        if task is not None:
+            # Its own end-of-task handler would fail the batches with whatever the task
+            # ended with, through a transaction manager an idempotent producer half has
+            # (an AttributeError logged as an error); this reset fails them itself, below.
+            task.remove_done_callback(sender._fail_all)
+            task.cancel()
         for transport in self._transports:
             _linger_zero(transport)
             transport.abort()
@@ -116,10 +138,16 @@ class ProducerReset:
                 _linger_zero(writer.transport)
                 writer.transport.abort()
             conn.close()
-        accumulator = producer._message_accumulator
+        _take_queued(accumulator)
         accumulator.fail_all(cause)
-        if sender is not None and sender.sender_task is not None:
+        if task is not None:
             # A produce request the cancelled sender still awaits can put its batch back
             # into the accumulator as it ends; fail those too, once it has ended.
-            sender.sender_task.add_done_callback(lambda _: accumulator.fail_all(cause))
+            def sender_ended(ended: asyncio.Future[Any]) -> None:
+                if not ended.cancelled() and ended.exception() is not None:
+                    log.debug("the reset kafka sender ended with %r", ended.exception())
+                _take_queued(accumulator)
+                accumulator.fail_all(cause)
+
+            task.add_done_callback(sender_ended)
         log.warning("kafka producer reset: its unsent records were dropped and fail as retriable")

@@ -103,8 +103,18 @@ class Submission:
             with anyio.move_on_after(within_s):
                 await asyncio.wait([sent.future for sent in self.batches])
         answers = [Acknowledgement(sent.rows, _answer(sent.future)) for sent in self.batches]
+        for sent in self.batches:
+            if not sent.future.done():
+                # Counted as timed out: its answer, when it comes (a reset fails it), is
+                # no longer wanted; read, it is not logged as an error nobody retrieved.
+                sent.future.add_done_callback(_read_late_answer)
         self.ledger.held(self.batches)
         return answers
+
+
+def _read_late_answer(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _answer(future: asyncio.Future[Any]) -> Landed | BaseException:

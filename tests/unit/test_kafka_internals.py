@@ -13,7 +13,7 @@ import aiokafka
 import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.conn import AIOKafkaConnection
-from aiokafka.producer.message_accumulator import BatchBuilder, MessageAccumulator
+from aiokafka.producer.message_accumulator import BatchBuilder, MessageAccumulator, MessageBatch
 from aiokafka.producer.sender import Sender
 from packaging.requirements import Requirement
 
@@ -28,6 +28,7 @@ CLASSES: dict[str, type[Any]] = {
     "MessageAccumulator": MessageAccumulator,
     "AIOKafkaConnection": AIOKafkaConnection,
     "BatchBuilder": BatchBuilder,
+    "MessageBatch": MessageBatch,
 }
 # Private names relay/ reaches on objects that are not aiokafka's, and why each is fine.
 NOT_AIOKAFKA = {
@@ -73,6 +74,7 @@ def _owner(internal: KafkaInternal, producer: Any, connection: Any) -> Any:
         "MessageAccumulator": producer._message_accumulator,
         "AIOKafkaClient": producer.client,
         "AIOKafkaConnection": connection,
+        "MessageBatch": MessageBatch,
     }[internal.owner]
 
 
