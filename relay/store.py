@@ -62,22 +62,35 @@ class PublishedArrays(NamedTuple):
 
 
 def published_arrays(groups: Sequence[PublishedGroup]) -> PublishedArrays:
-    """Lay out acknowledged partition batches as RECORD_PUBLISHED takes them."""
+    """Lay out acknowledged partition batches as RECORD_PUBLISHED takes them.
+
+    A group that runs on from the one before it (same topic and partition, its offset
+    the next) joins that entry: the engine hands its rows over one by one, and the
+    statement matches every seq against every entry, so an entry per row would make
+    recording a batch quadratic in its rows.
+    """
     seqs: list[int] = []
+    topics: list[str] = []
+    partitions: list[int] = []
+    base_offsets: list[int] = []
     firsts: list[int] = []
     lasts: list[int] = []
     for group in groups:
-        firsts.append(len(seqs) + 1)
+        runs_on = (
+            bool(topics)
+            and topics[-1] == group.topic
+            and partitions[-1] == group.partition
+            and base_offsets[-1] + (lasts[-1] - firsts[-1] + 1) == group.base_offset
+        )
+        if not runs_on:
+            topics.append(group.topic)
+            partitions.append(group.partition)
+            base_offsets.append(group.base_offset)
+            firsts.append(len(seqs) + 1)
+            lasts.append(len(seqs))
         seqs.extend(row.seq for row in group.rows)
-        lasts.append(len(seqs))
-    return PublishedArrays(
-        seqs,
-        [group.topic for group in groups],
-        [group.partition for group in groups],
-        [group.base_offset for group in groups],
-        firsts,
-        lasts,
-    )
+        lasts[-1] = len(seqs)
+    return PublishedArrays(seqs, topics, partitions, base_offsets, firsts, lasts)
 
 
 @dataclass(frozen=True)
