@@ -280,6 +280,21 @@ async def test_a_notified_seq_below_the_cursor_moves_the_start_within_the_hint_b
     assert fetch(passes, [], now=later + 0.05, lowest=5).plan.start == 4
 
 
+async def test_a_notified_seq_up_to_a_batch_below_the_start_moves_it_past_the_budget() -> None:
+    """Concurrent writers commit a few seqs late all the time: reading a batch again costs
+    what a cursor fetch costs, so those hints are always honoured."""
+    passes = new_passes()
+    settle_cursor_fetches(passes)
+    starts = []
+    for n in range(HINTS_PER_POLL + 2):
+        passes.cursor = 9
+        starts.append(fetch(passes, [], now=0.1 + n / 100, lowest=9 - BATCH + 1).plan.start)
+    assert starts == [9 - BATCH] * (HINTS_PER_POLL + 2)
+    # and they leave the budget for hints from further below untouched
+    passes.cursor = 9
+    assert fetch(passes, [], now=0.2, lowest=2).plan.start == 1
+
+
 async def test_a_notification_without_seqs_brings_a_full_pass_within_the_hint_budget() -> None:
     passes = new_passes()
     settle_cursor_fetches(passes)
