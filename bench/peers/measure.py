@@ -429,7 +429,10 @@ def produce_window(before: ProduceReading, after: ProduceReading) -> dict[str, f
             continue
         count_after, mean_after = after[metric]
         count_before, mean_before = before.get(metric, (0, 0.0))
-        total = mean_after * count_after - mean_before * count_before
+        # Every value the broker records is a whole number (milliseconds, bytes), so each
+        # reading's sum is one: rounding mean * count recovers it exactly, where the raw
+        # product is off by a rounding error that can put a window's total below its local.
+        total = round(mean_after * count_after) - round(mean_before * count_before)
         window[f"produce_{key}"] = total / max(count_after - count_before, 1)
     return window
 

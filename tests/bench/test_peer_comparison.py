@@ -496,6 +496,22 @@ def test_a_window_of_produce_requests_is_the_difference_of_two_readings() -> Non
     assert measure.produce_window({}, after) == {}
 
 
+@pytest.mark.parametrize(("count_after", "sum_after"), [(7, 29), (11, 15), (11, 25), (13, 15)])
+def test_a_window_is_exact_though_the_broker_gives_means(count_after: int, sum_after: int) -> None:
+    """The broker records whole milliseconds and bytes and reports count and mean; mean *
+    count is off by a rounding error (29 / 7 * 7 ≠ 29), which once made a window's total
+    time come out below its local time (0.05 ≥ 0.05000000000001137 failed). The sums are
+    whole numbers, so the window is computed from them exactly."""
+    before = {"TotalTimeMs": (1, 0.0), "LocalTimeMs": (1, 0.0)}
+    after = {
+        "TotalTimeMs": (count_after, sum_after / count_after),
+        "LocalTimeMs": (count_after, sum_after / count_after),
+    }
+    window = measure.produce_window(before, after)
+    assert window["produce_total_ms"] == sum_after / (count_after - 1)
+    assert window["produce_total_ms"] == window["produce_local_ms"]
+
+
 async def test_the_brokers_own_produce_timings_count_each_request(kafka_bootstrap: str) -> None:
     """Read against the real broker: every acknowledged send is one Produce request."""
     before = await asyncio.to_thread(measure.read_produce_metrics, kafka_bootstrap)
