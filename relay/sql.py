@@ -61,8 +61,9 @@ SELECT r.seq, r.id,
        CASE WHEN r.fits THEN r.tracestate END
 FROM (
     SELECT s.*, s.size <= $6 AS fits,
-           sum(CASE WHEN s.size <= $6 THEN s.size ELSE 0 END) OVER (ORDER BY s.seq)
-               AS fetched_bytes
+           -- seq is unique: ROWS, which looks for no peers, sums what RANGE would
+           sum(CASE WHEN s.size <= $6 THEN s.size ELSE 0 END)
+               OVER (ORDER BY s.seq ROWS UNBOUNDED PRECEDING) AS fetched_bytes
     FROM (
         SELECT c.*,
                octet_length(c.aggregatetype) + octet_length(c.aggregateid)
@@ -123,6 +124,11 @@ FROM (
             ORDER BY o.seq
             LIMIT $3
         ) c
+        -- a fence: pulled up into the level above, each row's size would be computed
+        -- once for every place it is named there (four); ordered, so that the order
+        -- carries up without a sort
+        ORDER BY c.seq
+        OFFSET 0
     ) s
 ) r
 WHERE r.fetched_bytes - CASE WHEN r.fits THEN r.size ELSE 0 END < $7

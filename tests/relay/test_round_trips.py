@@ -15,6 +15,7 @@ relay's own pool and a real server.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -25,7 +26,7 @@ import pytest
 from relay import sql
 from relay.config import DEFAULT_TOPIC_TEMPLATE
 from relay.outcome import PublishedGroup
-from relay.store import RelayStore, create_relay_pool
+from relay.store import RELAY_SESSION_SETTINGS, RelayStore, create_relay_pool
 
 INSTANCE = "round-trip-test"
 INSERT_ROW = """
@@ -162,3 +163,42 @@ async def test_the_bookkeeping_commit_setting_does_not_stay_on_the_pooled_connec
                 await pool.release(conn)
     finally:
         await pool.close()
+
+
+_SIZE_FIRST_TERM = re.compile(
+    r"octet_length\(\w+\.aggregatetype\) \+ octet_length\(\w+\.aggregateid\)"
+)
+
+
+def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", []):
+        yield from _nodes(child)
+
+
+async def test_a_fetch_computes_each_rows_size_once_and_sorts_nothing(database_url: str) -> None:
+    """The fetch's byte budget needs each row's size. It is computed once per row, by the
+    node beneath the running sum, which only reads it. Pulled up into the sum's level, the
+    size was computed four times per row (itself, whether it fits, twice in the sum): the
+    statement took 3.7 ms per 1,000 rows of 1 KiB where it now takes 3.3."""
+    conn = await asyncpg.connect(
+        database_url,
+        server_settings={**RELAY_SESSION_SETTINGS, "plan_cache_mode": "force_generic_plan"},
+    )
+    try:
+        explain = await conn.prepare("EXPLAIN (VERBOSE, COSTS OFF, FORMAT JSON) " + sql.FETCH_READY)
+        for check_below in (0, 7):  # a pass's fetch and a cursor fetch: one statement
+            (plan,) = json.loads(
+                await explain.fetchval(
+                    None, 0, 1000, DEFAULT_TOPIC_TEMPLATE, check_below, 5 << 20, 8 << 20
+                )
+            )
+            nodes = list(_nodes(plan["Plan"]))
+            assert not [n for n in nodes if n["Node Type"] == "Sort"], plan  # the index's order
+            (window,) = [n for n in nodes if n["Node Type"] == "WindowAgg"]
+            (beneath,) = window["Plans"]
+            # EXPLAIN prints what a node reads from beneath it as the expression it came
+            # from; the node beneath is the one that computes the size, once per row.
+            assert len(_SIZE_FIRST_TERM.findall(" ".join(beneath["Output"]))) == 1, plan
+    finally:
+        await conn.close()
