@@ -82,7 +82,7 @@ check: lint ## lint and every test that needs no service: the run before each co
 # collected") is reported as a failure.
 test: venv lint ## lint, the services, every test; stops the services it started (PYTEST_ARGS='-k name -x')
 	@started=""; \
-	cleanup() { if [ -n "$$started" ]; then $(SERVICES) down $$started || true; fi; }; \
+	cleanup() { if [ -n "$$started" ]; then echo "services: stopping what this run started:" $$started >&2; $(SERVICES) down $$started || true; fi; }; \
 	trap cleanup EXIT; \
 	$(SERVICES) up || { rc=$$?; started="$$(cat .services/started-by-last-up 2>/dev/null || true)"; exit "$$rc"; }; \
 	started="$$(cat .services/started-by-last-up 2>/dev/null || true)"; \

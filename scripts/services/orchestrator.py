@@ -248,6 +248,9 @@ class Orchestrator:
                         continue  # files, not a process: they stay as they are
                     service.stop()
                     stopped.append(name)
+                elif names:
+                    # said, so that a service asked for and skipped shows in the output
+                    log.info("%s: not running as this checkout's, nothing to stop", name)
                 self._settings_file(service).unlink(missing_ok=True)
             if not names:
                 self.started_file.unlink(missing_ok=True)

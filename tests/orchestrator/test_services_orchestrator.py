@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -157,6 +158,19 @@ def test_down_stops_in_reverse_order_only_what_runs(
     assert calls == ["stop broker", "stop db"]
     with pytest.raises(KeyError, match="unknown service 'nope'"):
         orchestrator.down(["nope"])
+
+
+def test_down_says_which_named_service_it_found_not_running(
+    orchestrator: Orchestrator, calls: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """make test's clean-up names what its up started; one skipped (once, a broker a test
+    had restarted was left running without a line) is said, not passed over in silence."""
+    orchestrator.up(["db"], environ={})
+    calls.clear()
+    caplog.set_level(logging.INFO, logger="services")
+    assert orchestrator.down(["db", "broker"]) == ["db"]
+    assert calls == ["stop db"]
+    assert "broker: not running as this checkout's, nothing to stop" in caplog.messages
 
 
 def test_status_never_prints_a_password() -> None:
