@@ -289,6 +289,10 @@ class KafkaBroker(Service):
 
     # -- life ---------------------------------------------------------------------------------
     def pid(self) -> int | None:
+        if self._process is not None and self._process.poll() is None:
+            # Started by this process and not reaped, so its pid is not reused: ours, even
+            # while its /proc cmdline still reads empty, as it can just after the launch.
+            return self._process.pid
         command = ["kafka.Kafka", str(self.properties)]
         found = pid_from_file(self.home / "kafka.pid", command_has=command)
         if found is None:
