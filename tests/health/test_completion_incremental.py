@@ -35,6 +35,7 @@ from tests.health.conftest import (
     insert_receipt,
     loose_policy,
 )
+from tests.support.plans import plan_nodes
 
 
 def completion_policy(*, grace_ms: int = 0, lookback_ms: int = 86_400_000) -> Any:
@@ -389,17 +390,13 @@ async def test_increment_plan_reads_the_window_through_partial_indexes(
     assert "outbox_receipt_scoring_job_idx" in text
     assert "outbox_scoring_job_idx" in text
     # Every probe of a receipt or an event is a lookup of one job's key.
-    for node in _nodes(plan[0]["Plan"]):
+    for node in plan_nodes(plan[0]["Plan"]):
         if node.get("Relation Name") in ("outbox", "outbox_receipt"):
             assert re.fullmatch(
                 r"\(aggregateid = job(_\d+)?\.scoring_job_ref\)", node["Index Cond"]
             )
         if node.get("Index Name") == "scoring_job_state_pkey":
             assert node["Actual Rows"] * node.get("Actual Loops", 1) <= 1, node
-
-
-def _nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
-    return [node, *(n for child in node.get("Plans", []) for n in _nodes(child))]
 
 
 async def test_steady_state_runs_on_a_cached_plan(db: asyncpg.Connection) -> None:

@@ -33,6 +33,7 @@ from tests.health.conftest import (
     loose_policy,
     relay_policy,
 )
+from tests.support.plans import plan_nodes
 
 W, S, U = Classification.WITHIN_BOUNDS, Classification.STALLED, Classification.UNKNOWN
 HOUR = dt.timedelta(hours=1)
@@ -306,13 +307,6 @@ async def _plan(db: asyncpg.Connection, query: str, args: tuple[object, ...]) ->
     return plan
 
 
-def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
-    found = [plan]
-    for child in plan.get("Plans", []):
-        found.extend(_nodes(child))
-    return found
-
-
 def _buffers(plan: dict[str, Any]) -> int:
     return int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0))
 
@@ -325,7 +319,7 @@ async def test_plans_use_partial_indexes_and_cost_ignores_terminal_history(
     await _add_terminal_history(db, 20_000)
     for name, query, args in _PROBES:
         plan = await _plan(db, query, args)
-        nodes = _nodes(plan)
+        nodes = plan_nodes(plan)
         scanned = {(n["Node Type"], n.get("Relation Name")) for n in nodes}
         indexes = {n.get("Index Name") for n in nodes} - {None}
         # The big tables are never read whole; only the (small) outbox and lane tables may be.

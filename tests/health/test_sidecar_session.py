@@ -40,6 +40,7 @@ from tests.health.conftest import (
     loose_policy,
     relay_policy,
 )
+from tests.support.plans import plan_nodes
 
 
 def _policy(grace_ms: int = 0) -> CompletionOutboxPolicy:
@@ -58,15 +59,11 @@ async def sidecar_db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
     await conn.close()
 
 
-def _plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
-    return [node, *(n for child in node.get("Plans", []) for n in _plan_nodes(child))]
-
-
 async def _cached_plan_scans(conn: asyncpg.Connection, table: str) -> list[str]:
     """The scan nodes on ``table`` of the plan the connection cached for the prepared
     statement ``probe`` (EXPLAIN EXECUTE shows the cached plan, it builds none)."""
     (plan,) = json.loads(await conn.fetchval("EXPLAIN (FORMAT JSON) EXECUTE probe"))
-    return [n["Node Type"] for n in _plan_nodes(plan["Plan"]) if n.get("Relation Name") == table]
+    return [n["Node Type"] for n in plan_nodes(plan["Plan"]) if n.get("Relation Name") == table]
 
 
 async def test_scoring_jobs_probe_keeps_reading_its_index_as_the_queue_grows(

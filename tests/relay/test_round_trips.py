@@ -27,6 +27,7 @@ from relay import sql
 from relay.config import DEFAULT_TOPIC_TEMPLATE
 from relay.outcome import PublishedGroup
 from relay.store import RELAY_SESSION_SETTINGS, RelayStore, create_relay_pool
+from tests.support.plans import plan_nodes
 
 INSTANCE = "round-trip-test"
 INSERT_ROW = """
@@ -170,12 +171,6 @@ _SIZE_FIRST_TERM = re.compile(
 )
 
 
-def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield node
-    for child in node.get("Plans", []):
-        yield from _nodes(child)
-
-
 async def test_a_fetch_computes_each_rows_size_once_and_sorts_nothing(database_url: str) -> None:
     """The fetch's byte budget needs each row's size. It is computed once per row, by the
     node beneath the running sum, which only reads it. Pulled up into the sum's level, the
@@ -193,7 +188,7 @@ async def test_a_fetch_computes_each_rows_size_once_and_sorts_nothing(database_u
                     None, 0, 1000, DEFAULT_TOPIC_TEMPLATE, check_below, 5 << 20, 8 << 20
                 )
             )
-            nodes = list(_nodes(plan["Plan"]))
+            nodes = plan_nodes(plan["Plan"])
             assert not [n for n in nodes if n["Node Type"] == "Sort"], plan  # the index's order
             (window,) = [n for n in nodes if n["Node Type"] == "WindowAgg"]
             (beneath,) = window["Plans"]

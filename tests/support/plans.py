@@ -1,0 +1,10 @@
+"""PostgreSQL's plans, as ``EXPLAIN (FORMAT JSON)`` gives them, for tests that read them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """``node`` and every node beneath it, parents before their children."""
+    return [node, *(n for child in node.get("Plans", []) for n in plan_nodes(child))]
