@@ -10,12 +10,14 @@ handle says it is ours without its command line.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from scripts.services.kafka import KafkaBroker, KafkaProfile
-from scripts.services.plan import Layout, PortPlan
+from scripts.services.orchestrator import dev_services
+from scripts.services.plan import Layout, PortPlan, port_base
 from tests.support.ports import free_port
 from tests.support.services import REQUIRED
 
@@ -23,7 +25,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_broker_is_ours_the_moment_it_is_started(tmp_path: Path) -> None:
-    lib = Layout.for_checkout(REPO).state / "kafka-lib"
+    # the jars where this checkout's up installs them
+    (declared,) = [
+        s
+        for s in dev_services(Layout.for_checkout(REPO), PortPlan(port_base(os.environ)))
+        if s.name == "kafka"
+    ]
+    assert isinstance(declared, KafkaBroker)
+    lib = declared.lib
     if not any(lib.glob("kafka_*.jar")):
         if REQUIRED:
             pytest.fail(f"no Kafka jars in {lib}: python -m scripts.services up installs them")
