@@ -35,6 +35,23 @@ MAX_TOPIC_BYTES: Final = 249
 """Kafka's limit on a topic name."""
 
 MAX_NUMBER_DIGITS: Final = 1_000
-"""Digits a payload's number may print before or after its decimal point. jsonb keeps
-``1e131071`` in a few bytes and prints it as 131,072 digits; every IEEE double prints in
-fewer than 400."""
+"""Digits a payload's number may print before its decimal point, or zeros after it before
+its first other digit. jsonb keeps ``1e131071`` in a few bytes and prints it as 131,072
+digits; every IEEE double prints in fewer than 400. (Decimals the server set without
+storing them count toward the payload's printed size, computed before it is printed.)"""
+
+MAX_ROW_BYTES: Final = (
+    36  # the event id as text
+    + MAX_AGGREGATETYPE_BYTES
+    + MAX_AGGREGATEID_BYTES
+    + MAX_TYPE_BYTES
+    + MAX_TOPIC_BYTES
+    + MAX_PAYLOAD_TEXT_BYTES
+    + MAX_HEADER_SET_BYTES
+    + 55  # traceparent (the outbox's CHECK)
+    + 512  # tracestate (the outbox's CHECK)
+)
+"""The most a row the door lets through can measure (``size_bytes``)."""
+
+NEVER_A_RECORD: Final = 2_147_483_647
+"""The size the door gives a row stored before it that can never be a record."""

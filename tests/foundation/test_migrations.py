@@ -72,6 +72,7 @@ def test_shipped_files_load_in_numeric_order_with_sha256_checksums() -> None:
         SHIPPED[2],
         SHIPPED[6],
         SHIPPED[7],
+        SHIPPED[9],
     ]
 
 
