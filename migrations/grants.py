@@ -67,9 +67,18 @@ def _access(*privileges: str, update: Iterable[str] = (), insert: Iterable[str] 
 
 
 # Column-level UPDATE where a part changes only its own bookkeeping: the relay can mark a
-# row failed or quarantined but never rewrite an event, and can move a lane's lease but
-# never renumber lanes.
-_OUTBOX_FAILURE_COLUMNS = ("attempts", "last_error_class", "next_attempt_at", "quarantined_at")
+# row failed or quarantined (and record where it holds its key), and have the door measure
+# a row stored before it (setting size_bytes fires the trigger that measures; nobody can
+# set it), but never rewrite an event; it can move a lane's lease but never renumber lanes.
+_OUTBOX_FAILURE_COLUMNS = (
+    "attempts",
+    "last_error_class",
+    "next_attempt_at",
+    "quarantined_at",
+    "held_topic",
+    "held_template",
+    "size_bytes",
+)
 _RECEIPT_REPUBLISH_COLUMNS = ("topic", "kafka_partition", "kafka_offset", "published_at")
 _LANE_LEASE_COLUMNS = ("owner_id", "fence", "lease_expires_at")
 # The heartbeat also writes the instance's topic template (the sidecar applies its rule).

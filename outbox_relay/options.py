@@ -427,6 +427,11 @@ RELAY_TUNING: tuple[Integer, ...] = (
     _relay_int("--lease-ttl-ms", "OUTBOX_RELAY_LEASE_TTL_MS", "lane lease lifetime"),
     _relay_int("--lease-renew-ms", "OUTBOX_RELAY_LEASE_RENEW_MS", "lane lease renewal"),
     _relay_int("--send-timeout-ms", "OUTBOX_RELAY_SEND_TIMEOUT_MS", "Kafka acknowledgement wait"),
+    _relay_int(
+        "--statement-timeout-ms",
+        "OUTBOX_RELAY_STATEMENT_TIMEOUT_MS",
+        "longest any relay statement runs (a fetch that meets it is narrowed to its row)",
+    ),
     _relay_int("--prune-batch-size", "OUTBOX_RELAY_PRUNE_BATCH_SIZE", "receipts pruned at once"),
     _relay_int("--drain-timeout-ms", "OUTBOX_RELAY_DRAIN_TIMEOUT_MS", "in-flight wait on shutdown"),
     _relay_int("--linger-ms", "OUTBOX_RELAY_LINGER_MS", "producer batching delay"),

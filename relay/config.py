@@ -128,6 +128,9 @@ class RelayConfig:
     lease_ttl_ms: Positive = 10_000
     lease_renew_ms: Positive = 2_000
     send_timeout_ms: Positive = 5_000
+    # Every statement of the relay's pool ends by then (PostgreSQL's statement_timeout): a
+    # fetch that meets it is narrowed to the row that caused it (relay/narrowing.py).
+    statement_timeout_ms: PositiveInt4 = 5_000
     receipt_retention_ms: Positive = 7 * 24 * 3600 * 1000
     prune_batch_size: Positive = 5_000
     prune_interval_ms: int = 10_000

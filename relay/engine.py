@@ -42,6 +42,7 @@ from relay.inflight import InFlightWindow
 from relay.lanes import LaneKeeper
 from relay.liveness import Liveness
 from relay.metrics import RelayMetrics
+from relay.narrowing import Narrowing, Step, StepKind
 from relay.outcome import FailedRow, Outcome, PublishedGroup, sort_outcome
 from relay.passes import Fetched, FetchPlan, Passes
 from relay.producer import ProducerFactory, ProducerKeeper, make_producer
@@ -53,12 +54,20 @@ from relay.retry import (
     UNEXPECTED,
     backoff_ms,
     classify_failure,
+    perhaps_content,
     refused_for_content,
     retry_delay_ms,
 )
 from relay.signals import RelaySignals
 from relay.stopping import unless_stopped
-from relay.store import OutboxStore, Recorded, RelayStore, StoreFactory, create_relay_pool
+from relay.store import (
+    OutboxStore,
+    Recorded,
+    RelayStore,
+    StoreFactory,
+    create_relay_pool,
+    relay_session_settings,
+)
 from relay.tracing import PublishSpans, PublishTracing
 from relay.wakeups import NotificationListener, WakeUp, listen_plan
 
@@ -102,7 +111,8 @@ class _Prefetch:
     """The next batch's rows, read while the current one is sent; a task in the fetch
     loop's task group fills it."""
 
-    def __init__(self) -> None:
+    def __init__(self, plan: FetchPlan) -> None:
+        self.plan = plan
         self._done = anyio.Event()
         self._fetched: Fetched | None = None
         self._error: BaseException | None = None
@@ -163,7 +173,7 @@ class Relay:
         self._stop_deadline: float | None = None
         # Batches submitted and not yet recorded, at most this many: a crash can publish
         # again only what these hold.
-        self._window = InFlightWindow(config.max_in_flight_batches)
+        self._window = InFlightWindow(config.max_in_flight_batches, hold_of=self._mapper.hold_of)
         self._last_lane_tick_ok = 0.0
         # Where the fetch loop is in the outbox and what its pass has seen (relay/passes.py).
         self._passes = Passes(
@@ -173,6 +183,10 @@ class Relay:
             fetch_max_bytes=config.fetch_max_bytes,
         )
         self._bound_unreadable_said = False  # the sequence's refusal is logged once
+        self._fetch_failure_said = ""  # a fetch failure's cause is logged once in a row
+        # Lanes whose held rows hold their keys where this relay's template says
+        # (_resolve_holds); a lane lost since is resolved again.
+        self._resolved_lanes: set[int] = set()
         # Submissions the broker may not have answered yet (answered ones are dropped).
         self._unanswered: deque[Submission] = deque()
         # How long before the local end of a lease the producer is reset if it still
@@ -272,7 +286,9 @@ class Relay:
         say once which are missing (the relay is correct without them, only slower after
         a burst)."""
         try:
-            missing = await store.settings_not_in_effect()
+            missing = await store.settings_not_in_effect(
+                relay_session_settings(self.config.statement_timeout_ms)
+            )
         except DB_ERRORS:
             return  # the loops report an unreachable database
         if missing:
@@ -293,6 +309,7 @@ class Relay:
             create_relay_pool,
             self.config.database_url,
             transaction_pooler=self.config.transaction_pooler,
+            statement_timeout_ms=self.config.statement_timeout_ms,
         )
         while not stop.is_set():
             try:
@@ -428,6 +445,9 @@ class Relay:
                     if passes.lanes_gained(lanes):
                         wake.request_full_pass()
                         continue
+                    if not self._holds_resolved(lanes):
+                        await self._resolve_holds(lanes)
+                        continue
                     wake.clear()
                     await window.take_slot()
                     plan = passes.plan(lanes, time.monotonic(), wake.take_lowest_notified())
@@ -436,16 +456,15 @@ class Relay:
                         self.metrics.full_passes.inc()
                     fetching = self._fetch(plan)
                 else:
+                    plan = prefetch.plan
                     fetching, prefetch = prefetch.fetched(), None
                 try:
                     fetched = await fetching
                 except DB_ERRORS as exc:
                     window.give_back_slot()
-                    log.warning("fetch failed", extra={"cause": unavailable_cause(exc)})
-                    await anyio.sleep(
-                        backoff_ms(1, base_ms=200, cap_ms=2_000, rng=self._rng) / 1000
-                    )
+                    await self._fetch_failed(plan, exc)
                     continue
+                self._fetch_failure_said = ""
                 self.metrics.fetched_bytes.inc(fetched.transferred_bytes)
                 accepted = passes.accept(fetched)
                 if accepted.cut:
@@ -461,16 +480,17 @@ class Relay:
                     slot_free=window.slot_free(),
                 ):
                     await window.take_slot()
-                    prefetch = _Prefetch()
-                    prefetching.start_soon(
-                        prefetch.fill, partial(self._fetch, passes.prefetch_plan(lanes))
-                    )
+                    prefetch = _Prefetch(passes.prefetch_plan(lanes))
+                    prefetching.start_soon(prefetch.fill, partial(self._fetch, prefetch.plan))
                     # Let it run as far as sending its statement (its first real wait) before
                     # this batch is mapped: mapping never yields, and a prefetch sent only
                     # after it would take turns with it instead of overlapping.
                     await anyio.lowlevel.checkpoint()
                 rows = passes.sendable(accepted.rows, lanes, fetched.mark)
                 window.fetch_done(fetched.mark)
+                unmeasured = [row.seq for row in accepted.rows if row.size is None]
+                if unmeasured:
+                    await self._measure(unmeasured)
                 if rows:
                     fences = dict(
                         zip(*self._lanes.leases.fences_for({r.lane for r in rows}), strict=True)
@@ -501,6 +521,118 @@ class Relay:
             if prefetch is not None:
                 window.give_back_slot()  # its task is cancelled with the task group
             passes.close()
+
+    # -- what the door did not decide -------------------------------------------------------
+    def _holds_resolved(self, lanes: Sequence[int]) -> bool:
+        """True when the held rows of every lane in ``lanes`` hold their keys where this
+        relay's template says (a lane lost since must be resolved again when it is back)."""
+        self._resolved_lanes &= set(lanes)
+        return self._resolved_lanes.issuperset(lanes)
+
+    async def _resolve_holds(self, lanes: Sequence[int]) -> None:
+        """Record where the held rows of these lanes hold their keys under this relay's
+        template, before they are fetched (relay/sql.py, HELD_TO_RESOLVE): another instance,
+        another template or an older relay may have decided it."""
+        assert self._store is not None and self._lanes is not None
+        new = sorted(set(lanes) - self._resolved_lanes)
+        fences = dict(zip(*self._lanes.leases.fences_for(new), strict=True))
+        try:
+            resolved = await self._store.resolve_holds(fences)
+        except DB_ERRORS as exc:
+            log.warning(
+                "could not resolve held rows; retrying", extra={"cause": unavailable_cause(exc)}
+            )
+            await anyio.sleep(backoff_ms(1, base_ms=200, cap_ms=2_000, rng=self._rng) / 1000)
+            return
+        if resolved:
+            log.info(
+                "held rows resolved under this relay's topic template", extra={"events": resolved}
+            )
+        self._resolved_lanes.update(new)
+
+    async def _measure(self, seqs: list[int]) -> None:
+        """Have the door measure rows stored before it (they are sent once measured, by the
+        next pass). A row whose measurement fails on its own, again, while the others'
+        succeed is quarantined without being read; anything else is tried again later."""
+        assert self._store is not None
+        parts = [seqs]
+        failed: list[tuple[int, BaseException]] = []
+        while parts:
+            part = parts.pop()
+            try:
+                await self._store.measure(part)
+            except DB_ERRORS as exc:
+                if not perhaps_content(exc):
+                    log.warning(
+                        "could not measure rows stored before the door; retrying",
+                        extra={"cause": unavailable_cause(exc)},
+                    )
+                    return
+                if len(part) > 1:
+                    middle = len(part) // 2
+                    parts.extend((part[middle:], part[:middle]))
+                else:
+                    failed.append((part[0], exc))
+        if len(failed) == len(seqs):
+            return  # nothing measured: load, not a row
+        for seq, first in failed:
+            try:
+                await self._store.measure([seq])  # again
+            except DB_ERRORS:
+                await self._quarantine_unfetchable(seq, first, "unmeasurable")
+
+    async def _fetch_failed(self, plan: FetchPlan, exc: BaseException) -> None:
+        """A fetch failed: when its rows' content could be why, narrow it to the row
+        (relay/narrowing.py); otherwise, or when narrowing names none, wait a little."""
+        cause = unavailable_cause(exc)
+        if perhaps_content(exc):
+            narrowing = Narrowing(plan.start, plan.limit)
+            step = await self._narrow(plan.lanes, narrowing)
+            if step.kind is StepKind.QUARANTINE:
+                await self._quarantine_unfetchable(step.seq, exc, "unfetchable")
+                return
+        if cause != self._fetch_failure_said:
+            log.warning("fetch failed", extra={"cause": cause})
+            self._fetch_failure_said = cause
+        await anyio.sleep(backoff_ms(1, base_ms=200, cap_ms=2_000, rng=self._rng) / 1000)
+
+    async def _narrow(self, lanes: frozenset[int], narrowing: Narrowing) -> Step:
+        """Run the narrowing's statements until it names a row or gives up."""
+        assert self._store is not None
+        while (step := narrowing.step()).kind in (StepKind.PREFIX, StepKind.ALONE, StepKind.LIST):
+            self.liveness.tick("fetch", self.config.statement_timeout_ms)
+            try:
+                if step.kind is StepKind.LIST:
+                    narrowing.listed(await self._store.ready_seqs(lanes, step.start, step.limit))
+                    continue
+                await self._store.fetch_ready(lanes, step.start, step.limit)
+                narrowing.fetched(True)
+            except DB_ERRORS as exc:
+                if not perhaps_content(exc):
+                    return Step(StepKind.GIVE_UP)
+                narrowing.fetched(False)
+        return step
+
+    async def _quarantine_unfetchable(self, seq: int, exc: BaseException, cause: str) -> None:
+        assert self._store is not None and self._lanes is not None
+        lane_fences = dict(self._lanes.leases.fences)
+        sqlstate = getattr(exc, "sqlstate", None) or ""
+        try:
+            done = await self._store.quarantine_unfetchable(lane_fences, seq, cause)
+        except DB_ERRORS as failed:
+            log.warning(
+                "could not quarantine a row that cannot be read; retrying",
+                extra={"seq": seq, "cause": unavailable_cause(failed)},
+            )
+            return
+        if done:
+            self.metrics.quarantined.inc()
+            self.metrics.failures.labels(cause).inc()
+            self._resolved_lanes.clear()  # where it holds its key is resolved again
+            log.error(
+                "event quarantined: it cannot be read",
+                extra={"seq": seq, "error_class": cause, "sqlstate": sqlstate},
+            )
 
     async def _answered(self) -> None:
         """Return once the broker answered every batch handed over so far.
@@ -565,13 +697,13 @@ class Relay:
         # Keys held since these rows were fetched are left out where the batches are built:
         # a batch built after a failure was held carries none of its keys.
         submission = await self._producer.submit(
-            rows, self._mapper.to_record, self._window.held_keys()
+            rows, self._mapper.to_record, self._window.held(), self._mapper.hold_of
         )
         while self._unanswered and not self._unanswered[0].unanswered():
             self._unanswered.popleft()  # answered: kept no longer than the window holds
         self._unanswered.append(submission)
         # Hold the keys now: the next fetch may come before these failures are recorded.
-        self._window.hold(row.aggregateid for row, _ in submission.failures)
+        self._window.hold(row for row, _ in submission.failures)
         self.signals.sent.signal(submission)
         return Batch(rows=rows, fences=fences, submission=submission, spans=spans)
 
@@ -626,7 +758,7 @@ class Relay:
         # Until the failure is recorded, the database does not hold the key back yet.
         # Failures found before sending were held back when they were found. Held before
         # anything is submitted again, as Submission.acknowledgements asks.
-        self._window.hold(row.aggregateid for row, _ in outcome.refused)
+        self._window.hold(row for row, _ in outcome.refused)
         if outcome.producer_broken:
             self._producer.broken = True
         return outcome
@@ -651,7 +783,7 @@ class Relay:
             await self._record(batch, outcome)
         finally:
             recording.release()
-            self._window.release(batch.rows, (row.aggregateid for row, _ in failed))
+            self._window.release(batch.rows, (row for row, _ in failed))
         self.signals.recorded.signal(outcome)
         if outcome.published:
             now = datetime.now(UTC)
@@ -799,7 +931,7 @@ class Relay:
         )
         if isinstance(unit, PublishedGroup):
             return 1
-        self._window.hold([row.aggregateid])  # never released: its failure is not recorded
+        self._window.hold([row])  # never released: its failure is not recorded
         return 0
 
     def _count_failures(self, failed: list[FailedRow], quarantined: int) -> None:

@@ -3,8 +3,10 @@
 A batch takes a slot before its rows are fetched and gives it back once its outcome is
 recorded, so at most ``capacity`` batches are in flight: that is the most a crash can
 publish twice. While a batch is in flight its rows' lanes stay with this instance, and
-the keys of its failed rows are held back until the failure is recorded (until then the
-database does not hold them back yet). Every change to that state goes through here.
+the keys of its failed rows are held back on their topics until the failure is recorded
+(until then the database does not hold them back yet): what a row holds is its
+:data:`relay.records.Hold`, the same unit the database's hold has. Every change to that
+state goes through here.
 
 A fetch statement whose snapshot predates a failure's record still sees the key free, so
 a key released while a fetch was open stays held back from that fetch's rows: each fetch
@@ -21,26 +23,27 @@ pass began therefore waits for the next pass, which reads from the beginning.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Set
+from collections.abc import Callable, Iterable, Set
 
 import anyio
 
-from relay.records import OutboxRow
+from relay.records import Hold, OutboxRow
 
 
 class InFlightWindow:
     """Slots, seq → lane of rows in flight, held keys, and a wait for the window to empty."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, *, hold_of: Callable[[OutboxRow], Hold | None]) -> None:
         self._slots = anyio.Semaphore(capacity)
+        self._hold_of = hold_of
         self._lanes: dict[int, int] = {}  # seq -> lane
-        self._held_keys: Counter[str] = Counter()
+        self._held_keys: Counter[Hold] = Counter()
         self._emptied = anyio.Event()
-        self._releases = 0  # keys released so far: the marks fetches take
-        self._released_at: dict[str, int] = {}  # key -> mark of its last release
+        self._releases = 0  # holds released so far: the marks fetches take
+        self._released_at: dict[Hold, int] = {}  # hold -> mark of its last release
         self._open_fetches: Counter[int] = Counter()  # mark -> fetches started there, not done
-        # key -> rows in flight that were fetched waiting to be retried (OutboxRow.holds_key)
-        self._holders: Counter[str] = Counter()
+        # hold -> rows in flight that were fetched waiting to be retried (OutboxRow.holds_key)
+        self._holders: Counter[Hold] = Counter()
 
     # -- slots ----------------------------------------------------------------------------
     async def take_slot(self) -> None:
@@ -60,37 +63,39 @@ class InFlightWindow:
         """The rows of a sent batch are in flight until :meth:`release`."""
         for row in rows:
             self._lanes[row.seq] = row.lane
-            if row.holds_key:
-                self._holders[row.aggregateid] += 1
+            if row.holds_key and (hold := self._hold_of(row)) is not None:
+                self._holders[hold] += 1
 
-    def hold(self, keys: Iterable[str]) -> None:
-        """Hold back these keys (once per failed row) until their failures are released."""
-        self._held_keys.update(keys)
+    def hold(self, failed: Iterable[OutboxRow]) -> None:
+        """Hold back what these failed rows hold (once per row) until they are released."""
+        self._held_keys.update(hold for hold in map(self._hold_of, failed) if hold is not None)
 
-    def release(self, rows: Iterable[OutboxRow], held_keys: Iterable[str]) -> None:
-        """A batch's outcome is recorded: its slot, its rows and its held keys go."""
+    def release(self, rows: Iterable[OutboxRow], failed: Iterable[OutboxRow]) -> None:
+        """A batch's outcome is recorded: its slot, its rows and its failed rows' holds go."""
         self._slots.release()
         for row in rows:
             self._lanes.pop(row.seq, None)
         if not self._lanes:
             self._emptied.set()
-        for key in held_keys:
-            self._held_keys[key] -= 1
-            if self._held_keys[key] <= 0:
-                del self._held_keys[key]
-                self._released(key)
+        for hold in map(self._hold_of, failed):
+            if hold is None:
+                continue
+            self._held_keys[hold] -= 1
+            if self._held_keys[hold] <= 0:
+                del self._held_keys[hold]
+                self._released(hold)
         # A row the database held its key behind is recorded: the database's hold lifts.
         for row in rows:
-            if row.holds_key:
-                self._holders[row.aggregateid] -= 1
-                if self._holders[row.aggregateid] <= 0:
-                    del self._holders[row.aggregateid]
-                    self._released(row.aggregateid)
+            if row.holds_key and (hold := self._hold_of(row)) is not None:
+                self._holders[hold] -= 1
+                if self._holders[hold] <= 0:
+                    del self._holders[hold]
+                    self._released(hold)
 
-    def _released(self, key: str) -> None:
+    def _released(self, hold: Hold) -> None:
         if self._open_fetches:  # only an open fetch or pass can have read the key as free
             self._releases += 1
-            self._released_at[key] = self._releases
+            self._released_at[hold] = self._releases
 
     # -- fetches -----------------------------------------------------------------------------
     def fetch_mark(self) -> int:
@@ -103,10 +108,14 @@ class InFlightWindow:
         :meth:`held_since` is False for every key, and the hot path skips it."""
         return not self._held_keys and not self._released_at
 
-    def held_since(self, key: str, mark: int) -> bool:
-        """True while ``key`` is held, or when it was released after the fetch that took
-        ``mark`` started: that fetch's snapshot may predate the failure's record."""
-        return key in self._held_keys or self._released_at.get(key, mark) > mark
+    def held_since(self, row: OutboxRow, mark: int) -> bool:
+        """True while the row's key is held on its topic, or when it was released after the
+        fetch that took ``mark`` started: that fetch's snapshot may predate the failure's
+        record."""
+        hold = self._hold_of(row)
+        return hold is not None and (
+            hold in self._held_keys or self._released_at.get(hold, mark) > mark
+        )
 
     def fetch_done(self, mark: int) -> None:
         """The rows of the fetch that took ``mark`` are filtered (or it failed)."""
@@ -141,13 +150,15 @@ class InFlightWindow:
         """The lanes with a row in flight: they must not be handed back yet."""
         return set(self._lanes.values())
 
-    def held_keys(self) -> Set[str]:
-        """The keys held now (a live view, empty while all is well)."""
+    def held(self) -> Set[Hold]:
+        """What is held now (a live view, empty while all is well)."""
         return self._held_keys.keys()
 
-    def is_held(self, key: str) -> bool:
-        """True while a failure of ``key`` is in flight and not yet recorded."""
-        return key in self._held_keys
+    def is_held(self, row: OutboxRow) -> bool:
+        """True while a failure of the row's key on its topic is in flight and not yet
+        recorded."""
+        hold = self._hold_of(row)
+        return hold is not None and hold in self._held_keys
 
     async def wait_empty(self) -> None:
         """Return once no row is in flight."""

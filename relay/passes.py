@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from relay.inflight import InFlightWindow
-from relay.records import MAX_FETCHED_ROW_BYTES, OutboxRow
+from relay.records import OutboxRow, fetched_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +64,7 @@ class Fetched:
     bound: int | None = None
     """For a pass's first fetch, the highest seq drawn before it (None: not known)."""
     transferred_bytes: int = 0
-    """The size of the rows it transferred whole."""
+    """The bytes of rows it transferred (:func:`relay.records.fetched_bytes`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,9 +174,6 @@ class Passes:
         # Below a late commit a cursor fetch found (one seq before it): where the next fetch
         # starts at the latest.
         self._back_to: int | None = None
-        # Rows a fetch may ask for: the batch size, lower after a fetch its byte budget cut
-        # (the statement printed rows it did not return), doubling back after each fetch.
-        self._limit = batch_size
         self._restart_hints = _HintBudget(self._poll_s)
         self._start_hints = _HintBudget(self._poll_s)
         # A bound read while the loop waited, for the next full pass to take instead of
@@ -257,7 +254,7 @@ class Passes:
         return FetchPlan(
             frozenset(lanes),
             start,
-            self._limit,
+            self._batch_size,
             cursor_fetch=not self.in_full_pass,
             opens_pass=self.cursor == 0,
         )
@@ -292,13 +289,8 @@ class Passes:
         the rows that fit the byte budget (plus the one that crossed it)."""
         if rows:
             self._read_up_to = max(self._read_up_to, rows[-1].seq)
-        transferred = sum(row.size for row in rows if row.size <= MAX_FETCHED_ROW_BYTES)
+        transferred = sum(map(fetched_bytes, rows))
         cut_by_bytes = transferred >= self._fetch_max_bytes
-        if cut_by_bytes:
-            # The statement printed rows it did not return: ask for fewer next time.
-            self._limit = max(1, min(self._batch_size, 2 * len(rows)))
-        elif self._limit < self._batch_size:
-            self._limit = min(self._batch_size, 2 * self._limit)
         return Fetched(
             plan,
             [r for r in rows if r.seq not in left_out] if left_out else rows,
@@ -378,7 +370,7 @@ class Passes:
         return FetchPlan(
             frozenset(lanes),
             self.cursor,
-            self._limit,
+            self._batch_size,
             cursor_fetch=not self.in_full_pass,
             opens_pass=False,
         )
@@ -394,13 +386,18 @@ class Passes:
         if self._left_out_for_good:
             rows = [row for row in rows if row.seq not in self._left_out_for_good]
         publishable = set(lanes)
+        # Stored before the door and not measured yet: the loop has them measured, and the
+        # next pass reads them whole.
+        unmeasured = any(row.size is None for row in rows)
         since = mark if self._mark is None else min(mark, self._mark)
         # While nothing is held, no row needs the per-key test (the hot path).
         held_since = None if self._window.holds_nothing() else self._window.held_since
         kept = [
             row
             for row in rows
-            if row.lane in publishable and not (held_since and held_since(row.aggregateid, since))
+            if row.lane in publishable
+            and not (held_since and held_since(row, since))
+            and not (unmeasured and row.size is None)
         ]
         if len(kept) < len(rows):
             self._stepped_over = True

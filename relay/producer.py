@@ -18,7 +18,7 @@ from relay.errors import ProducerWasReset, Stopped
 from relay.kafka_internals import check_kafka_internals
 from relay.producer_reset import ProducerReset
 from relay.publisher import BatchPublisher, Submission
-from relay.records import KafkaRecord, OutboxRow
+from relay.records import Hold, KafkaRecord, OutboxRow
 from relay.retry import backoff_ms, classify_failure
 from relay.stopping import unless_stopped
 from relay.topics import MAX_BATCH_BYTES, TopicCatalog
@@ -165,11 +165,13 @@ class ProducerKeeper:
         self,
         rows: Sequence[OutboxRow],
         to_record: Callable[[OutboxRow], KafkaRecord],
-        held: Container[str] = frozenset(),
+        held: Container[Hold],
+        hold_of: Callable[[OutboxRow], Hold | None],
     ) -> Submission:
-        """Hand rows to the current producer as records (``held`` keys are skipped)."""
+        """Hand rows to the current producer as records (the rows of ``held`` keys on their
+        topics are skipped; :meth:`BatchPublisher.submit`)."""
         assert self._publisher is not None
-        return await self._publisher.submit(rows, to_record, held)
+        return await self._publisher.submit(rows, to_record, held, hold_of)
 
     async def stop(self) -> None:
         """Stop the topic lookups and the current producer, if any."""

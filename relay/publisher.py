@@ -27,7 +27,7 @@ from aiokafka.producer.message_accumulator import BatchBuilder
 
 from relay.errors import BatchTooLarge, PredecessorFailed, RecordRejected
 from relay.outcome import Acknowledgement, Landed
-from relay.records import KafkaRecord, OutboxRow
+from relay.records import Hold, KafkaRecord, OutboxRow
 from relay.topics import TopicCatalog
 
 _PARTITION_CACHE_LIMIT = 200_000
@@ -155,23 +155,27 @@ class BatchPublisher:
         self,
         rows: Sequence[OutboxRow],
         to_record: Callable[[OutboxRow], KafkaRecord],
-        held: Container[str] = frozenset(),
+        held: Container[Hold],
+        hold_of: Callable[[OutboxRow], Hold | None],
     ) -> Submission:
         """Map every row and queue its record. A row that cannot be mapped fails here;
-        rows of ``held`` keys (held back by the caller) are skipped, and so are the later
-        rows of a key that failed or was skipped."""
+        rows of ``held`` keys on their topics (held back by the caller) are skipped, and so
+        are the later rows of a key on a topic that failed or was skipped (``hold_of``: what
+        a row holds when it fails)."""
         mapped: list[tuple[OutboxRow, KafkaRecord]] = []
         rejected: list[tuple[OutboxRow, BaseException]] = []
-        rejected_keys: set[str] = set()
+        rejected_holds: set[Hold] = set()
         for row in rows:
-            if row.aggregateid in rejected_keys:
+            if rejected_holds and hold_of(row) in rejected_holds:
                 continue  # held back behind its key's row that cannot be mapped
             try:
                 mapped.append((row, to_record(row)))
             except Exception as exc:
                 # RecordRejected, or an error nothing expected: either way this row fails
-                # alone (relay/retry.py classifies it) and the batch goes on.
-                rejected_keys.add(row.aggregateid)
+                # alone (relay/retry.py classifies it) and the batch goes on; it holds its
+                # key on its topic back, unless that topic can never be valid.
+                if (hold := hold_of(row)) is not None:
+                    rejected_holds.add(hold)
                 rejected.append((row, exc))
         submission = Submission(self._ledger)
         topics = await self._topics.resolve({record.topic for _, record in mapped})
@@ -180,11 +184,11 @@ class BatchPublisher:
         number = self._ledger.next_number()
         open_batches: dict[tuple[str, int], tuple[Any, list[OutboxRow]]] = {}
         full: list[tuple[str, int, Any, list[OutboxRow]]] = []
-        failed_keys: set[str] = set()
+        failed_keys: set[Hold] = set()
         for row, record in mapped:
-            key = row.aggregateid
+            key = (record.topic, row.aggregateid)
             if key in failed_keys:
-                continue  # held back: an earlier row of its key failed here
+                continue  # held back: an earlier row of its key on its topic failed here
             if held and key in held:
                 failed_keys.add(key)  # found again once its key is no longer held
                 continue

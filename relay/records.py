@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import msgspec
 
+from contracts import limits
 from relay.errors import RecordRejected
 
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
@@ -37,12 +38,13 @@ _new_record = tuple.__new__
 # Per-record framing in a v2 batch is at most ~21 bytes plus varints; be generous.
 _RECORD_OVERHEAD = 64
 # The producer's default max.request.size; a record above it can never be sent.
-MAX_RECORD_BYTES = 1_048_576
+MAX_RECORD_BYTES = limits.MAX_RECORD_BYTES
 # The largest row the fetch transfers whole, by the size of its text columns as stored
-# (relay/sql.py, FETCH_READY). A row whose record fits MAX_RECORD_BYTES is never larger:
-# jsonb prints at most 1.5 bytes per byte of compact JSON, and a header object at most
-# 5 bytes per byte of header name and value. A larger row comes without its payload and
-# headers and is quarantined as too large.
+# (size_bytes, measured at the door: relay/sql.py, FETCH_READY). The door lets no row
+# through above limits.MAX_ROW_BYTES; a row stored before it may be larger and still be
+# a record (jsonb prints at most 1.5 bytes per byte of compact JSON, a header object at
+# most 5 bytes per byte of header name and value). A larger row comes without its payload
+# and headers and is quarantined as too large.
 MAX_FETCHED_ROW_BYTES = 5 * MAX_RECORD_BYTES
 # A W3C trace context a receiver must ignore: version ff, or an all-zero trace or parent id
 # (the outbox's CHECK takes its shape only, and inserts that pass it keep passing).
@@ -77,14 +79,21 @@ class OutboxRow(NamedTuple):
     attempts: int
     holds_key: bool = False
     """Fetched while waiting to be retried: the database held its key's later rows back."""
-    size: int = 0
-    """The row's text columns in bytes as stored; over MAX_FETCHED_ROW_BYTES the fetch left
-    its payload and headers out."""
+    size: int | None = 0
+    """The bytes of its text columns as the fetch transfers them, measured at the door;
+    over MAX_FETCHED_ROW_BYTES the fetch left its payload and headers out; None for a row
+    stored before the door that is not measured yet (nothing of it but its key, type and
+    routing came either)."""
     earlier: int | None = None
     """For a cursor fetch: the seq of the last pending row of its key on its topic at or
     below the fetch's start (relay/sql.py, FETCH_READY), if any."""
     tracestate: str | None = None
     """The W3C tracestate that goes with ``traceparent`` (migration 0008)."""
+
+
+Hold = tuple[str, str]
+"""What a failed row holds back until its failure is recorded and ends: the rows of its key
+(second) on its topic (first) — the database's unit too (relay/sql.py, FETCH_READY)."""
 
 
 class KafkaRecord(NamedTuple):
@@ -119,6 +128,7 @@ class RecordMapper:
         self._max_record_bytes = max_record_bytes
         self._topics: dict[str, str] = {}  # validated names
         self._routed: dict[str, str] = {}  # aggregatetype → validated templated name
+        self._held_on: dict[str, str] = {}  # aggregatetype → held_topic under the template
         # ce_time of the last second seen: its bounds and "YYYY-MM-DDTHH:MM:SS." (empty
         # until the first row)
         self._second_start = datetime.max.replace(tzinfo=UTC)
@@ -146,7 +156,7 @@ class RecordMapper:
     def _validated(self, wanted: str) -> str:
         topic = self._topics.get(wanted)
         if topic is None:
-            if not _TOPIC.fullmatch(wanted) or wanted in (".", ".."):
+            if not valid_topic(wanted):
                 raise RecordRejected("invalid_topic", "topic name is not a valid Kafka topic name")
             if self._allowed is not None and not self._allowed.fullmatch(wanted):
                 raise RecordRejected("topic_not_allowed", "the topic is not in --allowed-topics")
@@ -166,12 +176,24 @@ class RecordMapper:
             self._routed[row.aggregatetype] = topic
         return topic
 
+    def hold_of(self, row: OutboxRow) -> Hold | None:
+        """What the row holds back when it fails: its key on its topic; None when its topic
+        can never be valid (it can go nowhere, and holds nothing else)."""
+        if row.topic:
+            topic = held_topic(row.topic, row.aggregatetype, self._template)
+        elif (cached := self._held_on.get(row.aggregatetype)) is not None:
+            topic = cached
+        else:
+            topic = held_topic(None, row.aggregatetype, self._template)
+            if len(self._held_on) > 10_000:
+                self._held_on.clear()
+            self._held_on[row.aggregatetype] = topic
+        return (topic, row.aggregateid) if topic else None
+
     def to_record(self, row: OutboxRow) -> KafkaRecord:
         """Map a row to its Kafka record or raise :class:`RecordRejected`."""
-        if row.size > MAX_FETCHED_ROW_BYTES:
-            raise RecordRejected(
-                "too_large", f"the row's text is {row.size} bytes; it was not fetched"
-            )
+        if row.size is None or row.size > MAX_FETCHED_ROW_BYTES:
+            raise RecordRejected("too_large", _too_large(row.size))
         # The hot path of every event: attributes read once, constant headers prebuilt,
         # tuples built positionally (docs/benchmarks.md#the-drain).
         (_, event_id_text, aggregatetype, aggregateid, event_type, payload, tenant_ref,
@@ -236,6 +258,42 @@ class RecordMapper:
                 "too_large", f"the record is {size} bytes, over the producer's request size"
             )
         return record
+
+
+def fetched_bytes(row: OutboxRow) -> int:
+    """What the row cost its fetch's byte budget (relay/sql.py, FETCH_READY): its measured
+    size when it came whole, else its id, key, type and routing as they came."""
+    size = row.size
+    if size is not None and size <= MAX_FETCHED_ROW_BYTES:
+        return size
+    return (
+        36
+        + len(row.aggregatetype.encode())
+        + len(row.aggregateid.encode())
+        + len(row.type.encode())
+        + len((row.topic or "").encode())
+    )
+
+
+def _too_large(size: int | None) -> str:
+    if size is None:
+        return "the row is not measured; it was not fetched"
+    if size >= limits.NEVER_A_RECORD:
+        return "the door found the row can never be a record; it was not fetched"
+    return f"the row's text is {size} bytes; it was not fetched"
+
+
+def valid_topic(name: str) -> bool:
+    """True for a name Kafka takes as a topic's."""
+    return _TOPIC.fullmatch(name) is not None and name not in (".", "..")
+
+
+def held_topic(topic: str | None, aggregatetype: str, template: str) -> str:
+    """Where a held row of this ``topic`` and ``aggregatetype`` holds its key back under
+    ``template`` (relay/sql.py, FETCH_READY): the topic it goes to, else '' when that can
+    never be a topic name (such a row holds nothing else)."""
+    name = topic or template.replace("{aggregatetype}", aggregatetype)
+    return name if valid_topic(name) else ""
 
 
 def _void_traceparent(traceparent: str) -> bool:

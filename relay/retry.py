@@ -156,3 +156,20 @@ def refused_for_content(exc: BaseException) -> bool:
     statement cannot succeed, unlike a lost connection or a server going down."""
     sqlstate = getattr(exc, "sqlstate", None) if isinstance(exc, asyncpg.PostgresError) else None
     return isinstance(sqlstate, str) and sqlstate[:2] in _REFUSED_FOR_CONTENT
+
+
+# What else a read can fail with because of the rows it reads, as well as for load: too
+# little memory or disk (53), its statement timeout (57014), damaged data (XX).
+_PERHAPS_CONTENT = frozenset({"53", "XX"})
+_STATEMENT_TIMEOUT = "57014"
+
+
+def perhaps_content(exc: BaseException) -> bool:
+    """True when a failed read could come from the content of the rows it read: then it is
+    narrowed to the row (relay/narrowing.py) before it is tried again."""
+    sqlstate = getattr(exc, "sqlstate", None) if isinstance(exc, asyncpg.PostgresError) else None
+    return isinstance(sqlstate, str) and (
+        sqlstate[:2] in _REFUSED_FOR_CONTENT
+        or sqlstate[:2] in _PERHAPS_CONTENT
+        or sqlstate == _STATEMENT_TIMEOUT
+    )

@@ -2,25 +2,92 @@
 
 from __future__ import annotations
 
+from contracts.limits import (
+    MAX_AGGREGATEID_BYTES,
+    MAX_AGGREGATETYPE_BYTES,
+    MAX_TOPIC_BYTES,
+    MAX_TYPE_BYTES,
+)
+
 LANE_COUNT = 64
 
 # The topic a row goes to under the relay's template ($4): its own, else the template with
-# its aggregatetype (relay/records.py, RecordMapper.topic_for, does the same). Order is kept
-# per key on its topic, so a held row holds back only the rows of its key on its topic. A
-# row whose topic is no valid Kafka topic name can go nowhere until an operator repairs it,
-# so it holds its key on every topic.
+# its aggregatetype (relay/records.py, RecordMapper.topic_for, does the same).
 _TOPIC_OF = "coalesce({row}.topic, replace($4::text, '{{aggregatetype}}', {row}.aggregatetype))"
-_SAME_TOPIC = (
-    "({earlier} = {later} OR {earlier} !~ '^[A-Za-z0-9._-]{{1,249}}$' OR {earlier} IN ('.', '..'))"
-)
+
+# What a row that is not transferred whole still brings: each of these columns whole when
+# it is within the door's limit for it (contracts/limits.py), else a stand-in that is no
+# topic name (a row stored before the door may carry anything). The key's stand-in is the
+# same for every such row of the key, so the relay's holds meet them all; a row of the
+# same over-long key that is fetched whole (stored before the door, and small enough)
+# carries the key itself, so until the quarantine of the other is recorded, only the
+# database holds it back.
+_STAND_INS = {  # column: (its limit, its stand-in, the stand-in's length in bytes)
+    "aggregatetype": (MAX_AGGREGATETYPE_BYTES, "'oversized aggregatetype'", 23),
+    "aggregateid": (MAX_AGGREGATEID_BYTES, "'oversized key ' || md5(r.aggregateid)", 46),
+    "type": (MAX_TYPE_BYTES, "'oversized type'", 14),
+    "topic": (MAX_TOPIC_BYTES, "'oversized topic'", 15),
+}
 
 
-def _holds_topic(earlier: str, later: str) -> str:
-    """The condition that ``earlier``'s row holds ``later``'s row of the same key."""
-    return _SAME_TOPIC.format(
-        earlier=_TOPIC_OF.format(row=earlier), later=_TOPIC_OF.format(row=later)
+def _whole_or_stand_in(column: str) -> str:
+    limit, stand_in, _ = _STAND_INS[column]
+    return (
+        f"CASE WHEN r.fits OR coalesce(octet_length(r.{column}), 0) <= {limit} "
+        f"THEN r.{column} ELSE {stand_in} END"
     )
 
+
+def _stand_in_bytes(row: str) -> str:
+    """What a row that is not transferred whole costs the fetch's budget: 36 for its id
+    and each of the columns above as it comes."""
+    terms = [
+        f"coalesce(CASE WHEN octet_length({row}.{column}) <= {limit} "
+        f"THEN octet_length({row}.{column}) ELSE {length} END, 0)"
+        for column, (limit, _, length) in _STAND_INS.items()
+    ]
+    return " + ".join(["36", *terms])
+
+
+# Whether an earlier held row of {row}'s key holds it back on {topic}: one probe of
+# outbox_held_topic_idx, whose predicate is the held rows' (empty while all is well). A held
+# row holds its key on the topic recorded with its failure (held_topic); '*' (not resolved)
+# on every topic; '' (a topic that can never be valid) on none. So a row is held when this
+# finds a held row on its topic, or one on '*': two probes, each an equality on every
+# column of the index (a list of the two would be searched as a filter). The keys are
+# compared by function, not by operator, so that the hash index of held keys (which the
+# previous release reads) cannot serve it: that one finds every held row of the key and
+# tests each. OFFSET 0 keeps it a probe per row, never a join that reads every held row.
+_HELD_ON = """
+    SELECT 1 FROM outbox h
+    WHERE hashtextextended(h.aggregateid, 0::bigint)
+              = hashtextextended({row}.aggregateid, 0::bigint)
+      AND h.held_topic = {topic}
+      AND h.seq < {row}.seq
+      AND (h.quarantined_at IS NOT NULL OR h.next_attempt_at IS NOT NULL)
+      AND texteq(h.aggregateid, {row}.aggregateid)
+    OFFSET 0
+"""
+
+
+def _not_held(row: str, topic: str) -> str:
+    """The condition that no earlier held row holds ``row`` back on ``topic``."""
+    on_its_topic = _HELD_ON.format(row=row, topic=topic)
+    on_every_topic = _HELD_ON.format(row=row, topic="'*'")
+    return f"NOT EXISTS ({on_its_topic})\n  AND NOT EXISTS ({on_every_topic})"
+
+
+# The rows a fetch may read: not quarantined, after $2, in the lanes $1 (NULL: every lane),
+# due, and not held back by an earlier held row of their key on their topic (a failing
+# event holds back only its own key on its topic, until it is published or redriven).
+_READY = f"""
+FROM outbox o
+WHERE o.quarantined_at IS NULL
+  AND o.seq > $2
+  AND ($1::smallint[] IS NULL OR o.lane = ANY($1::smallint[]))
+  AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= clock_timestamp())
+  AND {_not_held("o", _TOPIC_OF.format(row="o"))}
+"""
 
 # Ready rows of the given lanes (NULL: every lane) after a cursor, in insert order, minus
 # every row whose key has an earlier row on its topic that failed and is not yet published:
@@ -37,102 +104,93 @@ def _holds_topic(earlier: str, later: str) -> str:
 # template, $5 for a cursor fetch its start (0 otherwise: see "earlier"), $6 the largest
 # row the relay takes whole (bytes), $7 the fetch's byte budget.
 #
-# Bounded in bytes, not only rows: a row's size is that of its text columns as sent
-# (payload and headers as jsonb prints them). A row over $6 comes without them (and with a
-# short stand-in for a key over $6): the relay quarantines it as too large without it ever
-# being transferred. Rows are returned while the bytes before them stay under $7, so one
-# fetch transfers at most $7 plus one row. (A row the budget leaves out was still printed
-# here; the relay lowers its row limit after such a fetch.)
+# A cheap read: what the row costs was measured when it was inserted (size_bytes,
+# migration 0009), and where a held row holds its key was recorded with its failure
+# (held_topic), so each row costs one probe of outbox_held_topic_idx and nothing is printed
+# for a row that is not sent. Bounded in bytes, not only rows: rows are returned while the
+# bytes before them stay under $7, every byte returned counted (a row over $6, or one
+# stored before the door and not measured yet, comes without its payload, headers and
+# references: its cost is what it does bring), so one fetch transfers at most $7 plus one
+# row.
 FETCH_READY = f"""
-SELECT r.seq, r.id,
-       CASE WHEN r.fits THEN r.aggregatetype ELSE left(r.aggregatetype, 200) END,
-       CASE WHEN octet_length(r.aggregateid) <= $6 THEN r.aggregateid
-            ELSE 'oversized key ' || md5(r.aggregateid) END,
-       CASE WHEN r.fits THEN r.type ELSE left(r.type, 200) END,
-       CASE WHEN r.fits THEN r.payload END,
-       CASE WHEN r.fits THEN r.tenant_ref END,
-       CASE WHEN r.fits THEN r.schema_version END,
-       CASE WHEN r.fits THEN r.correlation_ref END,
-       CASE WHEN r.fits THEN r.causation_ref END,
-       CASE WHEN r.fits THEN r.traceparent END,
-       CASE WHEN r.fits THEN r.headers END,
-       CASE WHEN r.fits THEN r.topic END,
-       r.created_at, r.lane, r.attempts, r.holds_key, r.size, r.earlier,
-       CASE WHEN r.fits THEN r.tracestate END
+SELECT r.seq AS seq,
+       r.id::text AS id,
+       {_whole_or_stand_in("aggregatetype")} AS aggregatetype,
+       {_whole_or_stand_in("aggregateid")} AS aggregateid,
+       {_whole_or_stand_in("type")} AS type,
+       CASE WHEN r.fits THEN r.payload::text END AS payload,
+       CASE WHEN r.fits THEN r.tenant_ref END AS tenant_ref,
+       CASE WHEN r.fits THEN r.schema_version END AS schema_version,
+       CASE WHEN r.fits THEN r.correlation_ref END AS correlation_ref,
+       CASE WHEN r.fits THEN r.causation_ref END AS causation_ref,
+       CASE WHEN r.fits THEN r.traceparent END AS traceparent,
+       CASE WHEN r.fits THEN r.headers::text END AS headers,
+       {_whole_or_stand_in("topic")} AS topic,
+       r.created_at AS created_at,
+       r.lane AS lane,
+       r.attempts AS attempts,
+       r.holds_key AS holds_key,
+       r.size AS size,
+       r.earlier AS earlier,
+       CASE WHEN r.fits THEN r.tracestate END AS tracestate
 FROM (
-    SELECT s.*, s.size <= $6 AS fits,
+    SELECT c.*,
            -- seq is unique: ROWS, which looks for no peers, sums what RANGE would
-           sum(CASE WHEN s.size <= $6 THEN s.size ELSE 0 END)
-               OVER (ORDER BY s.seq ROWS UNBOUNDED PRECEDING) AS fetched_bytes
+           sum(c.cost) OVER (ORDER BY c.seq ROWS UNBOUNDED PRECEDING) AS fetched_bytes
     FROM (
-        SELECT c.*,
-               octet_length(c.aggregatetype) + octet_length(c.aggregateid)
-               + octet_length(c.type) + coalesce(octet_length(c.payload), 0)
-               + coalesce(octet_length(c.tenant_ref), 0)
-               + coalesce(octet_length(c.schema_version), 0)
-               + coalesce(octet_length(c.correlation_ref), 0)
-               + coalesce(octet_length(c.causation_ref), 0)
-               + coalesce(octet_length(c.traceparent), 0)
-               + coalesce(octet_length(c.tracestate), 0)
-               + coalesce(octet_length(c.headers), 0) + coalesce(octet_length(c.topic), 0)
-                   AS size
-        FROM (
-            SELECT o.seq, o.id::text AS id, o.aggregatetype, o.aggregateid, o.type,
-                   o.payload::text AS payload, o.tenant_ref, o.schema_version,
-                   o.correlation_ref, o.causation_ref, o.traceparent, o.tracestate,
-                   o.headers::text AS headers, o.topic,
-                   -- in binary, formatted by the relay (relay/records.py, "ce_time");
-                   -- NULL outside the years RFC 3339 (and Python) can carry, which the
-                   -- relay rejects
-                   CASE WHEN o.created_at >= '0001-01-01 00:00:00+00'
-                         AND o.created_at < '10000-01-01 00:00:00+00'
-                        THEN o.created_at END AS created_at,
-                   o.lane, o.attempts,
-                   -- a row waiting to be (re)tried holds its key's later rows back (the
-                   -- NOT EXISTS below); when it is published that hold lifts in the
-                   -- middle of a pass
-                   o.next_attempt_at IS NOT NULL AS holds_key,
-                   -- For a cursor fetch: the last earlier row of the key on its topic at
-                   -- or below the fetch's start that is still pending. The fetch did not
-                   -- read it; unless the relay has it in flight (and then every earlier
-                   -- one too), it committed after the cursor passed its seq, and this row
-                   -- must not overtake it.
-                   CASE WHEN $5 > 0 THEN (
-                       SELECT e.seq FROM outbox e
-                       WHERE hashtextextended(e.aggregateid, 0)
-                                 = hashtextextended(o.aggregateid, 0)
-                         AND e.seq <= $5
-                         AND e.quarantined_at IS NULL
-                         AND e.aggregateid = o.aggregateid
-                         AND {_holds_topic("e", "o")}
-                       ORDER BY e.seq DESC
-                       LIMIT 1
-                   ) END AS earlier
-            FROM outbox o
-            WHERE o.quarantined_at IS NULL
-              AND o.seq > $2
-              AND ($1::smallint[] IS NULL OR o.lane = ANY($1::smallint[]))
-              AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= clock_timestamp())
-              AND NOT EXISTS (
-                  SELECT 1 FROM outbox h
-                  WHERE h.aggregateid = o.aggregateid
-                    AND h.seq < o.seq
-                    -- outbox_held_key_idx's predicate; that index is empty while all is well
-                    AND (h.quarantined_at IS NOT NULL OR h.next_attempt_at IS NOT NULL)
-                    AND {_holds_topic("h", "o")}
-              )
-            ORDER BY o.seq
-            LIMIT $3
-        ) c
-        -- a fence: pulled up into the level above, each row's size would be computed
-        -- once for every place it is named there (four); ordered, so that the order
-        -- carries up without a sort
-        ORDER BY c.seq
-        OFFSET 0
-    ) s
+        SELECT o.seq, o.id, o.aggregatetype, o.aggregateid, o.type, o.payload, o.tenant_ref,
+               o.schema_version, o.correlation_ref, o.causation_ref, o.traceparent,
+               o.tracestate, o.headers, o.topic,
+               -- in binary, formatted by the relay (relay/records.py, "ce_time");
+               -- NULL outside the years RFC 3339 (and Python) can carry, which the
+               -- relay rejects
+               CASE WHEN o.created_at >= '0001-01-01 00:00:00+00'
+                     AND o.created_at < '10000-01-01 00:00:00+00'
+                    THEN o.created_at END AS created_at,
+               o.lane, o.attempts,
+               -- a row waiting to be (re)tried holds its key's later rows back (the
+               -- NOT EXISTS below); when it is published that hold lifts in the
+               -- middle of a pass
+               o.next_attempt_at IS NOT NULL AS holds_key,
+               -- NULL: stored before the door and not measured yet
+               o.size_bytes AS size,
+               coalesce(o.size_bytes <= $6, false) AS fits,
+               CASE WHEN o.size_bytes <= $6 THEN o.size_bytes
+                    ELSE {_stand_in_bytes("o")} END AS cost,
+               -- For a cursor fetch: the last earlier row of the key at or below the
+               -- fetch's start that is still waiting (neither held, which holds the key
+               -- through the NOT EXISTS below, nor quarantined). The fetch did not read
+               -- it; unless the relay has it in flight (and then every earlier one too),
+               -- it committed after the cursor passed its seq, and this row must not
+               -- overtake it.
+               CASE WHEN $5 > 0 THEN (
+                   SELECT e.seq FROM outbox e
+                   WHERE hashtextextended(e.aggregateid, 0::bigint)
+                             = hashtextextended(o.aggregateid, 0::bigint)
+                     AND e.seq <= $5
+                     AND e.quarantined_at IS NULL
+                     AND e.next_attempt_at IS NULL
+                     AND e.aggregateid = o.aggregateid
+                   ORDER BY e.seq DESC
+                   LIMIT 1
+               ) END AS earlier{_READY}        ORDER BY o.seq
+        LIMIT $3
+    ) c
+    -- a fence: pulled up into the level above, each row's cost would be computed once
+    -- for every place it is named there; ordered, so that the order carries up without
+    -- a sort
+    ORDER BY c.seq
+    OFFSET 0
 ) r
-WHERE r.fetched_bytes - CASE WHEN r.fits THEN r.size ELSE 0 END < $7
+WHERE r.fetched_bytes - r.cost < $7
 ORDER BY r.seq
+"""
+
+# The seqs FETCH_READY would read for the same $1, $2, $3 and $4, and nothing else of the
+# rows: what narrowing a failed fetch (relay/narrowing.py) reads to name the row it finds.
+READY_SEQS = f"""
+SELECT o.seq{_READY}ORDER BY o.seq
+LIMIT $3
 """
 
 # The fenced lanes: those of $2 that this instance ($1) still holds under the fence it
@@ -221,11 +279,14 @@ RECORD_REPUBLISHED = _record_published(_RECEIPT_CONFLICT)
 
 # Failed rows: a retriable failure only schedules the next try; a permanent one also
 # spends an attempt and quarantines the row when the budget is used up, or at once when
-# no attempt can succeed ($9, final: too large, a topic not allowed).
+# no attempt can succeed ($9, final: too large, a topic not allowed). Each row records
+# where it now holds its key back ($10: the topic the relay resolved it to, '' for one
+# that can never be valid) and under which template ($11).
 RECORD_FAILED = f"""
 WITH {_HELD_LANES}, failed AS (
-    SELECT * FROM unnest($4::bigint[], $5::text[], $6::bool[], $7::int[], $9::bool[])
-        AS f(seq, error_class, retriable, delay_ms, final)
+    SELECT * FROM unnest($4::bigint[], $5::text[], $6::bool[], $7::int[], $9::bool[],
+                         $10::text[])
+        AS f(seq, error_class, retriable, delay_ms, final, held_topic)
 )
 UPDATE outbox o
 SET attempts = o.attempts + CASE WHEN f.retriable THEN 0 ELSE 1 END,
@@ -233,10 +294,64 @@ SET attempts = o.attempts + CASE WHEN f.retriable THEN 0 ELSE 1 END,
     next_attempt_at = clock_timestamp() + make_interval(secs => f.delay_ms / 1000.0),
     quarantined_at = CASE
         WHEN f.final OR (NOT f.retriable AND o.attempts + 1 >= $8) THEN clock_timestamp()
-    END
+    END,
+    held_topic = f.held_topic,
+    held_template = $11
 FROM failed f
 WHERE o.seq = f.seq AND o.lane IN (SELECT lane FROM held)
 RETURNING o.seq, o.quarantined_at IS NOT NULL
+"""
+
+# A row whose fetch fails on its own, again, while the rows around it fetch (relay/
+# narrowing.py): quarantined with its cause ($5) without its content being read. Where it
+# holds its key is not known: everywhere ('*') until the relay resolves it (HELD_TO_RESOLVE).
+QUARANTINE_UNFETCHABLE = f"""
+WITH {_HELD_LANES}
+UPDATE outbox o
+SET attempts = o.attempts + 1,
+    last_error_class = $5,
+    next_attempt_at = clock_timestamp(),
+    quarantined_at = clock_timestamp(),
+    held_topic = '*',
+    held_template = NULL
+WHERE o.seq = $4 AND o.quarantined_at IS NULL AND o.lane IN (SELECT lane FROM held)
+RETURNING o.seq
+"""
+
+# Rows stored before the door (migration 0009) have no size: setting it fires the door's
+# trigger, which measures them without printing what could print huge, and gives a row
+# that can never be a record a size over every limit. Run as it sees such rows.
+MEASURE = """
+UPDATE outbox SET size_bytes = NULL
+WHERE seq = ANY($1::bigint[]) AND size_bytes IS NULL
+"""
+
+# The held rows of lanes $1 resolved under another template than $2, or never: the relay
+# resolves where each now holds its key (RESOLVE_HELD) before it fetches these lanes.
+# Each column as the fetch would bring it (FETCH_READY's stand-ins); reads the partial index
+# of held rows, empty while all is well.
+HELD_TO_RESOLVE = f"""
+SELECT r.seq AS seq, {_whole_or_stand_in("aggregatetype")} AS aggregatetype,
+       {_whole_or_stand_in("topic")} AS topic
+FROM (
+    SELECT o.seq, o.aggregatetype, o.topic, false AS fits
+    FROM outbox o
+    WHERE (o.quarantined_at IS NOT NULL OR o.next_attempt_at IS NOT NULL)
+      AND o.lane = ANY($1::smallint[])
+      AND o.held_template IS DISTINCT FROM $2
+    LIMIT $3
+) r
+"""
+
+# Where each of those rows ($4 seqs, $5 topics) holds its key under template $6, for lanes
+# this instance still holds under their fences.
+RESOLVE_HELD = f"""
+WITH {_HELD_LANES}
+UPDATE outbox o
+SET held_topic = f.held_topic, held_template = $6
+FROM unnest($4::bigint[], $5::text[]) AS f(seq, held_topic)
+WHERE o.seq = f.seq AND o.lane IN (SELECT lane FROM held)
+  AND (o.quarantined_at IS NOT NULL OR o.next_attempt_at IS NOT NULL)
 """
 
 # Losing a bookkeeping commit in a server crash loses only the "published" mark, never
@@ -250,7 +365,8 @@ ASYNC_COMMIT = "SET LOCAL synchronous_commit = off"
 SETTINGS_NOT_IN_EFFECT = """
 SELECT w.name
 FROM unnest($1::text[], $2::text[]) AS w(name, wanted)
-WHERE current_setting(w.name) <> w.wanted
+JOIN pg_catalog.pg_settings s ON s.name = w.name
+WHERE s.setting <> w.wanted  -- in the setting's own unit (statement_timeout in ms)
 ORDER BY w.name
 """
 

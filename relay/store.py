@@ -15,7 +15,7 @@ import asyncpg
 from pgconnect import POOLER_STARTUP_PARAMETERS, create_pool, pool_options, pooled
 from relay import sql
 from relay.outcome import FailedRow, PublishedGroup
-from relay.records import MAX_FETCHED_ROW_BYTES, OutboxRow
+from relay.records import MAX_FETCHED_ROW_BYTES, OutboxRow, held_topic
 
 # The outbox swings from empty to a large burst faster than autovacuum re-analyzes it;
 # with stale statistics the planner chose a full scan plus sort for the fetch (seconds
@@ -31,17 +31,31 @@ RELAY_SESSION_SETTINGS = {
     "enable_sort": "off",
     "jit": "off",
 }
+DEFAULT_STATEMENT_TIMEOUT_MS = 5_000
 
 
-async def create_relay_pool(url: str | None, *, transaction_pooler: bool = False) -> asyncpg.Pool:
-    """The relay's pool: its sessions carry :data:`RELAY_SESSION_SETTINGS` (directly).
+def relay_session_settings(statement_timeout_ms: int) -> dict[str, str]:
+    """:data:`RELAY_SESSION_SETTINGS` and the statement timeout: no row's content, and no
+    plan gone wrong, keeps one of the relay's statements running for longer."""
+    return {**RELAY_SESSION_SETTINGS, "statement_timeout": str(statement_timeout_ms)}
+
+
+async def create_relay_pool(
+    url: str | None,
+    *,
+    transaction_pooler: bool = False,
+    statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS,
+) -> asyncpg.Pool:
+    """The relay's pool: its sessions carry :func:`relay_session_settings` (directly).
 
     The relay keeps no session state on these connections (its only setting is local to
     a transaction; LISTEN has a connection of its own), so they are released without the
     reset round trip: on the hot path every fetch and every record releases one.
     """
     options = pool_options(
-        RELAY_SESSION_SETTINGS, transaction_pooler=transaction_pooler, session_state=False
+        relay_session_settings(statement_timeout_ms),
+        transaction_pooler=transaction_pooler,
+        session_state=False,
     )
     return await create_pool(url, min_size=2, max_size=4, **options)
 
@@ -148,9 +162,11 @@ async def record_failed(
     failed: Sequence[FailedRow],
     delays_ms: Sequence[int],
     max_attempts: int,
+    topic_template: str,
 ) -> int:
     """Schedule failed rows of lanes still held under ``fences`` again after their delay
-    (one per row), or quarantine them; return how many were quarantined."""
+    (one per row), or quarantine them, each holding its key back on its topic under
+    ``topic_template``; return how many were quarantined."""
     lanes, lane_fences = _lanes_and_fences(fences)
     rows = await conn.fetch(
         sql.RECORD_FAILED,
@@ -163,6 +179,8 @@ async def record_failed(
         list(delays_ms),
         max_attempts,
         [failure.final for _, failure in failed],
+        [held_topic(row.topic, row.aggregatetype, topic_template) for row, _ in failed],
+        topic_template,
     )
     return sum(1 for r in rows if r[1])
 
@@ -177,6 +195,14 @@ async def oldest_writer(conn: asyncpg.Connection) -> OpenWriter | None:
     """The oldest open transaction that has written to the outbox, if any."""
     writer = await conn.fetchrow(sql.OLDEST_OUTBOX_WRITER)
     return OpenWriter(writer[0], float(writer[1])) if writer else None
+
+
+_RESOLVE_BATCH = 1_000  # held rows resolved per statement
+
+
+def _lane_filter(lanes: Collection[int]) -> list[int] | None:
+    """NULL asks for every lane, so a statement need not match each row against 64."""
+    return None if len(lanes) == sql.LANE_COUNT else sorted(lanes)
 
 
 def _lanes_and_fences(fences: Mapping[int, int]) -> tuple[list[int], list[int]]:
@@ -214,9 +240,19 @@ class OutboxStore(Protocol):
 
     async def prune_receipts(self, retention_ms: int, batch_size: int) -> int: ...
 
-    async def settings_not_in_effect(self) -> list[str]: ...
+    async def settings_not_in_effect(self, wanted: Mapping[str, str]) -> list[str]: ...
 
     async def backlog(self) -> tuple[PendingSummary, OpenWriter | None]: ...
+
+    async def ready_seqs(self, lanes: Collection[int], cursor: int, limit: int) -> list[int]: ...
+
+    async def measure(self, seqs: Sequence[int]) -> None: ...
+
+    async def quarantine_unfetchable(
+        self, fences: Mapping[int, int], seq: int, cause: str
+    ) -> bool: ...
+
+    async def resolve_holds(self, fences: Mapping[int, int]) -> int: ...
 
 
 class StoreFactory(Protocol):
@@ -249,12 +285,10 @@ class RelayStore:
         """Ready rows of ``lanes`` after ``cursor`` in seq order: at most ``limit`` rows, and
         no more bytes than the fetch budget plus one row. ``check_below`` (a cursor fetch's
         start, else 0) asks for each row's earliest pending row of its key at or below it."""
-        # NULL asks for every lane, so the statement need not match each row against 64.
-        lane_filter = None if len(lanes) == sql.LANE_COUNT else sorted(lanes)
         async with pooled(self._pool) as conn:
             records = await conn.fetch(
                 sql.FETCH_READY,
-                lane_filter,
+                _lane_filter(lanes),
                 cursor,
                 limit,
                 self._topic_template,
@@ -262,7 +296,8 @@ class RelayStore:
                 MAX_FETCHED_ROW_BYTES,
                 self._fetch_max_bytes,
             )
-        # The statement's columns are OutboxRow's fields, in order.
+        # The statement's columns are OutboxRow's fields, in order and by name
+        # (tests/unit/test_store.py holds them so).
         return list(map(OutboxRow._make, records))
 
     async def seq_allocated(self) -> int | None:
@@ -298,7 +333,13 @@ class RelayStore:
                 recorded = await record_published(conn, self._instance_id, fences, published)
             if failed:
                 quarantined = await record_failed(
-                    conn, self._instance_id, fences, failed, delays_ms, max_attempts
+                    conn,
+                    self._instance_id,
+                    fences,
+                    failed,
+                    delays_ms,
+                    max_attempts,
+                    self._topic_template,
                 )
         return Recorded(recorded, quarantined)
 
@@ -308,15 +349,69 @@ class RelayStore:
             status = await conn.execute(sql.PRUNE_RECEIPTS, retention_ms, batch_size)
         return _status_count(status)
 
-    async def settings_not_in_effect(self) -> list[str]:
-        """The names of :data:`RELAY_SESSION_SETTINGS` the server runs with other values."""
-        names = sorted(RELAY_SESSION_SETTINGS.keys() - POOLER_STARTUP_PARAMETERS)
-        wanted = [RELAY_SESSION_SETTINGS[name] for name in names]
+    async def settings_not_in_effect(self, wanted: Mapping[str, str]) -> list[str]:
+        """The names of the ``wanted`` session settings (:func:`relay_session_settings`)
+        the server runs with other values."""
+        names = sorted(wanted.keys() - POOLER_STARTUP_PARAMETERS)
         async with pooled(self._pool) as conn:
-            rows = await conn.fetch(sql.SETTINGS_NOT_IN_EFFECT, names, wanted)
+            rows = await conn.fetch(
+                sql.SETTINGS_NOT_IN_EFFECT, names, [wanted[name] for name in names]
+            )
         return [row[0] for row in rows]
 
     async def backlog(self) -> tuple[PendingSummary, OpenWriter | None]:
         """The pending summary and the oldest open outbox writer, read on one connection."""
         async with pooled(self._pool) as conn:
             return await pending_summary(conn), await oldest_writer(conn)
+
+    async def ready_seqs(self, lanes: Collection[int], cursor: int, limit: int) -> list[int]:
+        """The seqs :meth:`fetch_ready` would read (nothing else of the rows)."""
+        async with pooled(self._pool) as conn:
+            rows = await conn.fetch(
+                sql.READY_SEQS, _lane_filter(lanes), cursor, limit, self._topic_template
+            )
+        return [row[0] for row in rows]
+
+    async def measure(self, seqs: Sequence[int]) -> None:
+        """Have the door measure these rows stored before it (sql.MEASURE)."""
+        async with pooled(self._pool) as conn:
+            await conn.execute(sql.MEASURE, list(seqs))
+
+    async def quarantine_unfetchable(self, fences: Mapping[int, int], seq: int, cause: str) -> bool:
+        """Quarantine the row ``seq`` with ``cause`` without reading it, if its lane is still
+        held under ``fences``; True when it was."""
+        lanes, lane_fences = _lanes_and_fences(fences)
+        async with pooled(self._pool) as conn:
+            done = await conn.fetchval(
+                sql.QUARANTINE_UNFETCHABLE, self._instance_id, lanes, lane_fences, seq, cause
+            )
+        return done is not None
+
+    async def resolve_holds(self, fences: Mapping[int, int]) -> int:
+        """Record where each held row of the lanes held under ``fences`` holds its key under
+        this relay's template, where another template (or none) decided it; how many."""
+        lanes, lane_fences = _lanes_and_fences(fences)
+        resolved = 0
+        while True:
+            async with pooled(self._pool) as conn:
+                rows = await conn.fetch(
+                    sql.HELD_TO_RESOLVE, lanes, self._topic_template, _RESOLVE_BATCH
+                )
+                if not rows:
+                    return resolved
+                status = await conn.execute(
+                    sql.RESOLVE_HELD,
+                    self._instance_id,
+                    lanes,
+                    lane_fences,
+                    [row["seq"] for row in rows],
+                    [
+                        held_topic(row["topic"], row["aggregatetype"], self._topic_template)
+                        for row in rows
+                    ],
+                    self._topic_template,
+                )
+            changed = _status_count(status)
+            if not changed:  # the lanes moved on meanwhile: their new owner resolves them
+                return resolved
+            resolved += changed

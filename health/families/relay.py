@@ -69,30 +69,47 @@ CROSS JOIN LATERAL (
     LEFT JOIN relay_instance AS owner ON owner.instance_id = lane.owner_id
     WHERE event.quarantined_at IS NULL
       AND (event.next_attempt_at IS NULL OR event.next_attempt_at <= clock.now)
-      -- The relay's own rule (relay/sql.py FETCH_READY): a row behind an earlier row of
-      -- its key on its topic that is quarantined or backing off is held, not ready. A
-      -- quarantine is the outbox family's signal; counting the rows it holds here would
-      -- call the relay stalled for doing exactly what it should. Reads
-      -- outbox_held_key_idx. A held row whose topic is no valid topic name holds its key
-      -- on every topic; so does every held row without a template, which is what such a
-      -- relay does.
+      -- The relay's own rule (relay/sql.py FETCH_READY, _HELD_ON): a row behind an
+      -- earlier row of its key that is quarantined or backing off and holds the key on
+      -- the row's topic (the topic recorded with the failure; '*': every topic) is held,
+      -- not ready. A quarantine is the outbox family's signal; counting the rows it holds
+      -- here would call the relay stalled for doing exactly what it should. Probes of
+      -- outbox_held_topic_idx, one per question and row; under an owner without a
+      -- template (an older relay, or none), every held row holds its key everywhere, as
+      -- such a relay does.
       AND NOT EXISTS (
           SELECT 1 FROM outbox AS held
-          CROSS JOIN LATERAL (
-              SELECT coalesce(held.topic, replace(owner.topic_template, '{{aggregatetype}}',
-                                                  held.aggregatetype)) AS held_topic,
-                     coalesce(event.topic, replace(owner.topic_template, '{{aggregatetype}}',
-                                                   event.aggregatetype)) AS event_topic
-          ) AS topics
-          WHERE held.aggregateid = event.aggregateid
+          WHERE hashtextextended(held.aggregateid, 0::bigint)
+                    = hashtextextended(event.aggregateid, 0::bigint)
+            AND held.held_topic = coalesce(
+                    event.topic,
+                    replace(owner.topic_template, '{{aggregatetype}}', event.aggregatetype))
             AND held.seq < event.seq
             AND (held.quarantined_at IS NOT NULL OR held.next_attempt_at IS NOT NULL)
-            AND (
-                owner.topic_template IS NULL
-                OR topics.held_topic = topics.event_topic
-                OR topics.held_topic !~ '^[A-Za-z0-9._-]{{1,249}}$'
-                OR topics.held_topic IN ('.', '..')
-            )
+            AND texteq(held.aggregateid, event.aggregateid)
+          OFFSET 0
+      )
+      AND NOT EXISTS (
+          SELECT 1 FROM outbox AS held
+          WHERE hashtextextended(held.aggregateid, 0::bigint)
+                    = hashtextextended(event.aggregateid, 0::bigint)
+            AND held.held_topic = '*'
+            AND held.seq < event.seq
+            AND (held.quarantined_at IS NOT NULL OR held.next_attempt_at IS NOT NULL)
+            AND texteq(held.aggregateid, event.aggregateid)
+          OFFSET 0
+      )
+      AND NOT (
+          owner.topic_template IS NULL
+          AND EXISTS (
+              SELECT 1 FROM outbox AS held
+              WHERE hashtextextended(held.aggregateid, 0::bigint)
+                        = hashtextextended(event.aggregateid, 0::bigint)
+                AND held.seq < event.seq
+                AND (held.quarantined_at IS NOT NULL OR held.next_attempt_at IS NOT NULL)
+                AND texteq(held.aggregateid, event.aggregateid)
+              OFFSET 0
+          )
       )
 ) AS ready
 CROSS JOIN LATERAL (

@@ -44,7 +44,12 @@ class _Rows:
         ]
         self.n += count
         records = {row.seq: _record(self.topic, row.seq) for row in rows}
-        return await self.keeper.submit(rows, lambda row: records[row.seq])
+        return await self.keeper.submit(
+            rows,
+            lambda row: records[row.seq],
+            frozenset(),
+            lambda row: (self.topic, row.aggregateid),
+        )
 
 
 async def _landed(submission: Submission) -> bool:

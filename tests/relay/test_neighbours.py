@@ -10,10 +10,8 @@ import json
 import logging
 import re
 import secrets
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -21,9 +19,10 @@ import pytest
 from relay.records import MAX_RECORD_BYTES
 from relay.store import RelayStore
 from tests.security.roles import create_login_role, drop_role, grant
-from tests.support.faultproxy import FaultProxy
+from tests.support.faultproxy import FaultProxy, proxied_database_url
 from tests.support.kafka import read_topic as consume
 from tests.support.relay import fast_config, running_relay
+from tests.support.schema import BEFORE_THE_DOOR, migrate_the_rest, migrate_up_to
 from tests.support.waiting import wait_until
 
 INSERT = """
@@ -70,24 +69,30 @@ async def _quarantined(db: asyncpg.Connection, row: asyncpg.Record) -> bool:
 
 # -- a key no index entry can hold ---------------------------------------------------------------
 async def test_a_long_key_whose_publish_fails_does_not_stop_the_other_rows_receipts(
-    db: asyncpg.Connection,
-    database_url: str,
+    empty_database_url: str,
     kafka_bootstrap: str,
     topic_namespace: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A key of about 3 kB that does not compress: recording its failure once needed a
-    B-tree entry over the page's limit, which rolled the whole batch's bookkeeping back."""
-    long_key = secrets.token_urlsafe(2_400)  # random text: pglz cannot shrink it
-    failing = await _insert(db, long_key, topic="not a topic!")
-    healthy = [await _insert(db, f"healthy-{n}") for n in range(20)]
-    config = fast_config(database_url, kafka_bootstrap, topic_namespace, max_attempts=2)
-    with caplog.at_level(logging.WARNING, logger="relay.engine"):
-        async with running_relay(config):
-            await wait_until(lambda: _receipts(db, [r["id"] for r in healthy]), timeout=30)  # some
-            await wait_until(lambda: _quarantined(db, failing), timeout=30)
-            assert await _receipts(db, [r["id"] for r in healthy]) == 20
-    attempts, cause, quarantined = await db.fetchrow(STATE, failing["id"])
+    """A key of about 3 kB that does not compress, stored before the door refused keys
+    over 1 kB: recording its failure once needed a B-tree entry over the page's limit,
+    which rolled the whole batch's bookkeeping back."""
+    db = await asyncpg.connect(empty_database_url)
+    try:
+        await migrate_up_to(db, BEFORE_THE_DOOR)
+        long_key = secrets.token_urlsafe(2_400)  # random text: pglz cannot shrink it
+        failing = await _insert(db, long_key, topic="not a topic!")
+        await migrate_the_rest(db)
+        healthy = [await _insert(db, f"healthy-{n}") for n in range(20)]
+        config = fast_config(empty_database_url, kafka_bootstrap, topic_namespace, max_attempts=2)
+        with caplog.at_level(logging.WARNING, logger="relay.engine"):
+            async with running_relay(config):
+                await wait_until(lambda: _receipts(db, [r["id"] for r in healthy]), timeout=30)
+                await wait_until(lambda: _quarantined(db, failing), timeout=30)
+                assert await _receipts(db, [r["id"] for r in healthy]) == 20
+        attempts, cause, quarantined = await db.fetchrow(STATE, failing["id"])
+    finally:
+        await db.close()
     assert (attempts, cause, quarantined) == (2, "invalid_topic", True)
     said = [r for r in caplog.records if r.getMessage() == "publish failed"]
     assert said and all(getattr(r, "error_class", None) == "invalid_topic" for r in said)
@@ -147,50 +152,44 @@ async def test_a_row_whose_outcome_cannot_be_written_is_left_out_and_the_rest_re
 
 
 # -- sizes ------------------------------------------------------------------------------------------
-@contextlib.asynccontextmanager
-async def _through_a_proxy(database_url: str) -> AsyncIterator[tuple[str, FaultProxy]]:
-    """The database URL through a loopback proxy that counts the bytes the server sends."""
-    parts = urlsplit(database_url)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    with FaultProxy(("127.0.0.1", port), (parts.hostname or "127.0.0.1", parts.port or 5432)) as p:
-        netloc = parts.netloc.rsplit("@", 1)
-        proxied = urlunsplit(parts._replace(netloc=f"{netloc[0]}@127.0.0.1:{port}"))
-        yield proxied, p
-
-
 async def test_payloads_far_over_the_record_limit_are_quarantined_without_being_fetched(
-    db: asyncpg.Connection, database_url: str, kafka_bootstrap: str, topic_namespace: str
+    empty_database_url: str, kafka_bootstrap: str, topic_namespace: str
 ) -> None:
-    """Rows of tens of MB beside batch size x (batches in flight + 1) rows just under the
-    record limit: the rest is published, the huge ones are quarantined as too large at
-    once, and the bytes the server sent the relay show none of them was transferred."""
+    """Rows of tens of MB stored before the door refused them, beside batch size x
+    (batches in flight + 1) rows just under the record limit: the rest is published, the
+    huge ones are quarantined as too large once measured, and the bytes the server sent
+    the relay show none of them was transferred."""
     batch_size, in_flight = 4, 2
     near = MAX_RECORD_BYTES * 95 // 100 - 1_000
-    just_under = [
-        await _insert(db, f"near-{n}", payload={"pad": secrets.token_hex(near // 2)})
-        for n in range(batch_size * (in_flight + 1))
-    ]
     huge_bytes = 30 * 1024 * 1024
-    huge = [await _insert(db, f"huge-{n}", payload={"pad": "x" * huge_bytes}) for n in range(3)]
-    small = [await _insert(db, f"small-{n}") for n in range(10)]
-    async with _through_a_proxy(database_url) as (proxied, proxy):
-        config = fast_config(
-            proxied,
-            kafka_bootstrap,
-            topic_namespace,
-            batch_size=batch_size,
-            max_in_flight_batches=in_flight,
-        )
-        async with running_relay(config) as running:
-            ids = [r["id"] for r in just_under + small]
-            await wait_until(lambda: _all_published(db, ids), timeout=120)
-            for row in huge:
-                await wait_until(lambda row=row: _quarantined(db, row), timeout=30)
-            fetched_whole = running.metric("outbox_relay_fetched_bytes_total")
-        received = proxy.counters().forwarded_down
-    states = [tuple(await db.fetchrow(STATE, row["id"])) for row in huge]
+    db = await asyncpg.connect(empty_database_url)
+    try:
+        await migrate_up_to(db, BEFORE_THE_DOOR)
+        huge = [await _insert(db, f"huge-{n}", payload={"pad": "x" * huge_bytes}) for n in range(3)]
+        await migrate_the_rest(db)
+        just_under = [
+            await _insert(db, f"near-{n}", payload={"pad": secrets.token_hex(near // 2)})
+            for n in range(batch_size * (in_flight + 1))
+        ]
+        small = [await _insert(db, f"small-{n}") for n in range(10)]
+        with proxied_database_url(empty_database_url) as (proxied, proxy):
+            config = fast_config(
+                proxied,
+                kafka_bootstrap,
+                topic_namespace,
+                batch_size=batch_size,
+                max_in_flight_batches=in_flight,
+            )
+            async with running_relay(config) as running:
+                ids = [r["id"] for r in just_under + small]
+                await wait_until(lambda: _all_published(db, ids), timeout=120)
+                for row in huge:
+                    await wait_until(lambda row=row: _quarantined(db, row), timeout=30)
+                fetched_whole = running.metric("outbox_relay_fetched_bytes_total")
+            received = proxy.counters().forwarded_down
+        states = [tuple(await db.fetchrow(STATE, row["id"])) for row in huge]
+    finally:
+        await db.close()
     assert states == [(1, "too_large", True)] * 3
     legitimate = sum(
         len(json.dumps({"pad": "0" * (near // 2 * 2)})) for _ in just_under
@@ -321,32 +320,34 @@ async def test_a_forged_notification_does_not_let_a_row_overtake_a_late_commit(
             return await super().fetch_ready(lanes, cursor, limit, **kwargs)
 
     try:
-        async with (
-            _through_a_proxy(database_url) as (listen_url, listen_path),
-            _notifier(db, database_url) as forger,
-        ):
-            config = fast_config(
-                database_url,
-                kafka_bootstrap,
-                topic_namespace,
-                poll_interval_ms=60_000,
-                listen_database_url=listen_url,
-            )
-            async with running_relay(config, store_factory=CommitBehindTheStart):
-                settled = await _insert(db, "k-settle")
-                await wait_until(lambda: _receipts(db, [settled["id"]]), timeout=30)
-                # "Every seq was heard"
-                await forger.execute("SELECT pg_notify('outbox_relay', '1,9223372036854775807')")
-                await late_tx.start()
-                late_row = await _insert(late, "k-race")
-                ids.insert(0, str(late_row["id"]))
-                passed = await _insert(db, "k-passed")
-                await wait_until(lambda: _receipts(db, [passed["id"]]), timeout=30)
-                armed_above = passed["seq"]
-                wake = await _insert(db, "k-wake")
-                await wait_until(lambda: _receipts(db, [wake["id"]]), timeout=30)
-                assert staged.is_set(), "the staged fetch never ran: the scenario did not happen"
-                await wait_until(lambda: _all_published(db, ids), timeout=30)
+        with proxied_database_url(database_url) as (listen_url, listen_path):
+            async with _notifier(db, database_url) as forger:
+                config = fast_config(
+                    database_url,
+                    kafka_bootstrap,
+                    topic_namespace,
+                    poll_interval_ms=60_000,
+                    listen_database_url=listen_url,
+                )
+                async with running_relay(config, store_factory=CommitBehindTheStart):
+                    settled = await _insert(db, "k-settle")
+                    await wait_until(lambda: _receipts(db, [settled["id"]]), timeout=30)
+                    # "Every seq was heard"
+                    await forger.execute(
+                        "SELECT pg_notify('outbox_relay', '1,9223372036854775807')"
+                    )
+                    await late_tx.start()
+                    late_row = await _insert(late, "k-race")
+                    ids.insert(0, str(late_row["id"]))
+                    passed = await _insert(db, "k-passed")
+                    await wait_until(lambda: _receipts(db, [passed["id"]]), timeout=30)
+                    armed_above = passed["seq"]
+                    wake = await _insert(db, "k-wake")
+                    await wait_until(lambda: _receipts(db, [wake["id"]]), timeout=30)
+                    assert staged.is_set(), (
+                        "the staged fetch never ran: the scenario did not happen"
+                    )
+                    await wait_until(lambda: _all_published(db, ids), timeout=30)
     finally:
         await late.close()
         await successor.close()

@@ -100,9 +100,12 @@ async def test_polling_alone_delivers_everything(
 async def test_poison_event_is_quarantined_holds_only_its_key_and_redrives(
     db: asyncpg.Connection, database_url: str, kafka_bootstrap: str, topic_namespace: str
 ) -> None:
+    # A header of the relay's own: no attempt can publish it (the key's topic is valid,
+    # so it holds the key there).
     poison_id = await db.fetchval(
-        "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, topic) "
-        "VALUES ('agg', 'poisoned', 't', '{\"n\": 1}', 'not a valid topic!') RETURNING id"
+        "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, headers) "
+        "VALUES ('agg', 'poisoned', 't', '{\"n\": 1}', '{\"ce_source\": \"forged\"}') "
+        "RETURNING id"
     )
     await db.execute(INSERT, "agg", "poisoned", "t", '{"n": 2}')
     for i in range(10):
@@ -121,13 +124,13 @@ async def test_poison_event_is_quarantined_holds_only_its_key_and_redrives(
         row = await db.fetchrow(
             "SELECT attempts, last_error_class FROM outbox WHERE id = $1", poison_id
         )
-        assert (row["attempts"], row["last_error_class"]) == (2, "invalid_topic")
+        assert (row["attempts"], row["last_error_class"]) == (2, "invalid_headers")
         # The key's second event waits behind the quarantined first one.
         await asyncio.sleep(1.0)
         assert await db.fetchval("SELECT count(*) FROM outbox WHERE aggregateid = 'poisoned'") == 2
         assert running.metric("outbox_relay_quarantined_events_total") == 1
         # The operator repairs the row and returns it to the relay.
-        await db.execute("UPDATE outbox SET topic = NULL WHERE id = $1", poison_id)
+        await db.execute("UPDATE outbox SET headers = NULL WHERE id = $1", poison_id)
         count = await redrive(db, RedriveFilter(ids=[poison_id]))
         assert count == 1
         await wait_until(lambda: _drained(db), what="the outbox drained")

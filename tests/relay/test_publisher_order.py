@@ -13,7 +13,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from relay.config import RelayConfig
 from relay.errors import PredecessorFailed
 from relay.publisher import BatchPublisher, Submission
-from relay.records import KafkaRecord
+from relay.records import Hold, KafkaRecord
 from relay.retry import HELD_BEHIND_FAILURE, RECORD_TOO_LARGE, classify_failure
 from relay.topics import TopicCatalog
 from tests.support.kafka import read_topic
@@ -55,15 +55,21 @@ def _record(topic: str, n: int, size: int, key: bytes = b"k") -> KafkaRecord:
 
 
 async def _submit(
-    publisher: BatchPublisher, *records: KafkaRecord, held: Container[str] = frozenset()
+    publisher: BatchPublisher, *records: KafkaRecord, held: Container[Hold] = frozenset()
 ) -> Submission:
-    """Submit one row per record, mapped to exactly that record."""
+    """Submit one row per record, mapped to exactly that record (and holding its key on
+    its topic when it fails)."""
     rows = [
         make_row(seq=seq, aggregateid=record.key.decode())
         for seq, record in enumerate(records, start=1)
     ]
     by_seq = {row.seq: record for row, record in zip(rows, records, strict=True)}
-    return await publisher.submit(rows, lambda row: by_seq[row.seq], held)
+    return await publisher.submit(
+        rows,
+        lambda row: by_seq[row.seq],
+        held,
+        lambda row: (by_seq[row.seq].topic, row.aggregateid),
+    )
 
 
 async def _read_all(bootstrap: str, topic: str) -> list[bytes]:
@@ -132,7 +138,7 @@ async def test_a_partition_sends_again_once_its_failed_keys_are_held(
             publisher,
             _record(topic, 3, 10),
             KafkaRecord(topic, b"other", b'{"n":4}', []),
-            held={"k"},
+            held={(topic, "k")},
         )
         await asyncio.wait([b.future for b in held.batches], timeout=30)
     finally:

@@ -166,34 +166,49 @@ async def test_the_bookkeeping_commit_setting_does_not_stay_on_the_pooled_connec
         await pool.close()
 
 
-_SIZE_FIRST_TERM = re.compile(
-    r"octet_length\(\w+\.aggregatetype\) \+ octet_length\(\w+\.aggregateid\)"
-)
+def _text_of(node: dict[str, Any]) -> str:
+    """What a node computes and tests, as EXPLAIN VERBOSE prints it."""
+    parts = [*node.get("Output", []), node.get("Filter", ""), node.get("Index Cond", "")]
+    return " ".join(str(part) for part in parts)
 
 
-async def test_a_fetch_computes_each_rows_size_once_and_sorts_nothing(database_url: str) -> None:
-    """The fetch's byte budget needs each row's size. It is computed once per row, by the
-    node beneath the running sum, which only reads it. Pulled up into the sum's level, the
-    size was computed four times per row (itself, whether it fits, twice in the sum): the
-    statement took 3.7 ms per 1,000 rows of 1 KiB where it now takes 3.3."""
+async def test_a_fetch_reads_stored_sizes_prints_only_what_it_sends_and_probes_holds_once(
+    database_url: str,
+) -> None:
+    """The generic plan of a fetch (a pass's and a cursor fetch: one statement): each row's
+    size is read from the column the door filled, nothing is printed beneath the node
+    above the byte budget's filter (so no row the budget leaves out is printed), whether a
+    held row holds it back is one probe of outbox_held_topic_idx, and nothing sorts."""
     conn = await asyncpg.connect(
         database_url,
         server_settings={**RELAY_SESSION_SETTINGS, "plan_cache_mode": "force_generic_plan"},
     )
     try:
         explain = await conn.prepare("EXPLAIN (VERBOSE, COSTS OFF, FORMAT JSON) " + sql.FETCH_READY)
-        for check_below in (0, 7):  # a pass's fetch and a cursor fetch: one statement
+        for check_below in (0, 7):
             (plan,) = json.loads(
                 await explain.fetchval(
                     None, 0, 1000, DEFAULT_TOPIC_TEMPLATE, check_below, 5 << 20, 8 << 20
                 )
             )
-            nodes = plan_nodes(plan["Plan"])
+            top = plan["Plan"]
+            nodes = plan_nodes(top)
             assert not [n for n in nodes if n["Node Type"] == "Sort"], plan  # the index's order
             (window,) = [n for n in nodes if n["Node Type"] == "WindowAgg"]
             (beneath,) = window["Plans"]
-            # EXPLAIN prints what a node reads from beneath it as the expression it came
-            # from; the node beneath is the one that computes the size, once per row.
-            assert len(_SIZE_FIRST_TERM.findall(" ".join(beneath["Output"]))) == 1, plan
+            assert "o.size_bytes" in " ".join(beneath["Output"]), beneath["Output"]
+            printing = [n for n in nodes if re.search(r"\((?:\w+\.)?payload\)::text", _text_of(n))]
+            assert printing == [top], [n["Node Type"] for n in printing]
+            assert "fetched_bytes" in top.get("Filter", ""), top  # the budget, filtered there
+            probes = [n for n in nodes if n.get("Index Name") == "outbox_held_topic_idx"]
+            # one on the row's topic, one on '*' (held everywhere), each a probe per row
+            assert len(probes) == 2, plan
+            for probe in probes:
+                assert probe["Parent Relationship"] == "SubPlan", probe
+                assert probe["Node Type"] == "Index Scan", probe
+                condition = probe["Index Cond"]
+                assert "hashtextextended" in condition and "held_topic =" in condition, probe
+                assert "seq <" in condition, probe
+            assert not [n for n in nodes if n.get("Index Name") == "outbox_held_key_idx"], plan
     finally:
         await conn.close()

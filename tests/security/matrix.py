@@ -38,7 +38,8 @@ EVENT_WRITER = {
 
 RELAY = {
     **_NOTHING,
-    "outbox": "SELECT, DELETE, UPDATE(attempts, last_error_class, next_attempt_at, quarantined_at)",
+    "outbox": "SELECT, DELETE, UPDATE(attempts, held_template, held_topic, last_error_class, "
+    "next_attempt_at, quarantined_at, size_bytes)",
     "outbox_receipt": "SELECT, INSERT, DELETE, "
     "UPDATE(kafka_offset, kafka_partition, published_at, topic)",
     "relay_lane": "SELECT, UPDATE(fence, lease_expires_at, owner_id)",

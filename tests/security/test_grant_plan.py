@@ -101,7 +101,15 @@ def test_whole_table_update_wins_over_columns() -> None:
     merged = Access(frozenset({"SELECT", "UPDATE"}))
     assert describe_access(merged) == "SELECT, UPDATE"
     assert merged_access("outbox", ["relay", "writer"]).update_columns == frozenset(
-        {"attempts", "last_error_class", "next_attempt_at", "quarantined_at"}
+        {
+            "attempts",
+            "held_template",
+            "held_topic",
+            "last_error_class",
+            "next_attempt_at",
+            "quarantined_at",
+            "size_bytes",
+        }
     )
 
 

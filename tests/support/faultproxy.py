@@ -34,8 +34,9 @@ import selectors
 import socket
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 from tests.support.waiting import described, wait_until, wait_until_blocking
 
@@ -532,3 +533,17 @@ class FaultProxy:
             cuts=self._cuts,
             client_closed_while_stalled=self._gave_up,
         )
+
+
+@contextlib.contextmanager
+def proxied_database_url(database_url: str) -> Iterator[tuple[str, FaultProxy]]:
+    """``database_url`` through a loopback proxy (which counts what the server sends, e.g.
+    ``counters().forwarded_down``), and the proxy."""
+    parts = urlsplit(database_url)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    upstream = (parts.hostname or "127.0.0.1", parts.port or 5432)
+    with FaultProxy(("127.0.0.1", port), upstream) as proxy:
+        credentials = parts.netloc.rsplit("@", 1)[0]
+        yield urlunsplit(parts._replace(netloc=f"{credentials}@127.0.0.1:{port}")), proxy

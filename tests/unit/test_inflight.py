@@ -6,16 +6,33 @@ import anyio
 import pytest
 
 from relay.inflight import InFlightWindow
-from relay.records import OutboxRow
+from relay.records import OutboxRow, RecordMapper
 from tests.unit.test_records import make_row
 
+# Rows of aggregatetype "order" go to "t.order": a failed one holds its key there.
+_HOLD_OF = RecordMapper(topic_template="t.{aggregatetype}", ce_source="urn:t").hold_of
 
-def row(seq: int, lane: int = 0, key: str = "k") -> OutboxRow:
-    return make_row(seq=seq, lane=lane, aggregateid=key)
+
+def new_window(capacity: int) -> InFlightWindow:
+    return InFlightWindow(capacity, hold_of=_HOLD_OF)
+
+
+def row(seq: int, lane: int = 0, key: str = "k", aggregatetype: str = "order") -> OutboxRow:
+    return make_row(seq=seq, lane=lane, aggregateid=key, aggregatetype=aggregatetype)
+
+
+def keyed(key: str) -> OutboxRow:
+    """A row of ``key`` on the topic every row of these tests goes to."""
+    return row(0, key=key)
+
+
+def failed(*keys: str) -> list[OutboxRow]:
+    """One failed row per key given."""
+    return [keyed(key) for key in keys]
 
 
 async def test_a_new_window_is_empty_with_every_slot_free() -> None:
-    window = InFlightWindow(2)
+    window = new_window(2)
     assert window.empty()
     assert window.lanes() == set()
     assert window.slot_free()
@@ -23,7 +40,7 @@ async def test_a_new_window_is_empty_with_every_slot_free() -> None:
 
 
 async def test_slots_run_out_at_capacity_and_come_back_on_release_or_give_back() -> None:
-    window = InFlightWindow(2)
+    window = new_window(2)
     await window.take_slot()
     assert window.slot_free()
     await window.take_slot()
@@ -32,40 +49,40 @@ async def test_slots_run_out_at_capacity_and_come_back_on_release_or_give_back()
     assert window.slot_free()
     await window.take_slot()
     window.admit([row(1)])
-    window.release([row(1)], held_keys=[])
+    window.release([row(1)], [])
     assert window.slot_free()
 
 
 async def test_admitted_rows_keep_their_lanes_until_their_batch_is_released() -> None:
-    window = InFlightWindow(2)
+    window = new_window(2)
     first, second = [row(1, lane=3), row(2, lane=5)], [row(3, lane=5)]
     for batch in (first, second):
         await window.take_slot()
         window.admit(batch)
     assert window.lanes() == {3, 5}
-    window.release(first, held_keys=[])
+    window.release(first, [])
     assert not window.empty()
     assert window.lanes() == {5}
-    window.release(second, held_keys=[])
+    window.release(second, [])
     assert window.empty()
 
 
 async def test_a_key_stays_held_until_each_of_its_failures_is_released() -> None:
-    window = InFlightWindow(2)
-    window.hold(["a", "a", "b"])
-    assert window.is_held("a") and window.is_held("b")
-    assert not window.is_held("c")
+    window = new_window(2)
+    window.hold(failed("a", "a", "b"))
+    assert window.is_held(keyed("a")) and window.is_held(keyed("b"))
+    assert not window.is_held(keyed("c"))
     await window.take_slot()
-    window.release([], held_keys=["a", "b"])
-    assert window.is_held("a")
-    assert not window.is_held("b")
+    window.release([], failed("a", "b"))
+    assert window.is_held(keyed("a"))
+    assert not window.is_held(keyed("b"))
     await window.take_slot()
-    window.release([], held_keys=["a"])
-    assert not window.is_held("a")
+    window.release([], failed("a"))
+    assert not window.is_held(keyed("a"))
 
 
 async def test_wait_empty_returns_when_the_last_batch_is_released() -> None:
-    window = InFlightWindow(2)
+    window = new_window(2)
     first, second = [row(1)], [row(2)]
     for batch in (first, second):
         await window.take_slot()
@@ -80,18 +97,18 @@ async def test_wait_empty_returns_when_the_last_batch_is_released() -> None:
         async with anyio.create_task_group() as group:
             group.start_soon(waiter)
             await anyio.wait_all_tasks_blocked()
-            window.release(first, held_keys=[])
+            window.release(first, [])
             await anyio.wait_all_tasks_blocked()
             assert not returned.is_set()  # one batch still in flight
-            window.release(second, held_keys=[])
+            window.release(second, [])
     assert returned.is_set()
 
 
 async def test_wait_empty_waits_again_after_the_window_refilled() -> None:
-    window = InFlightWindow(1)
+    window = new_window(1)
     await window.take_slot()
     window.admit([row(1)])
-    window.release([row(1)], held_keys=[])  # emptied once
+    window.release([row(1)], [])  # emptied once
     await window.take_slot()
     window.admit([row(2)])
     with pytest.raises(TimeoutError), anyio.fail_after(0.05):
@@ -99,106 +116,120 @@ async def test_wait_empty_waits_again_after_the_window_refilled() -> None:
 
 
 async def test_seqs_and_held_keys_show_what_is_in_flight_now() -> None:
-    window = InFlightWindow(2)
+    window = new_window(2)
     await window.take_slot()
     window.admit([row(3, key="a"), row(5, key="b")])
-    window.hold(["a"])
-    seqs, held = window.seqs(), window.held_keys()
+    window.hold(failed("a"))
+    seqs, held = window.seqs(), window.held()
     assert seqs == {3, 5}
-    assert "a" in held and "b" not in held
-    window.release([row(3, key="a"), row(5, key="b")], held_keys=["a"])
+    assert ("t.order", "a") in held and ("t.order", "b") not in held
+    window.release([row(3, key="a"), row(5, key="b")], failed("a"))
     assert window.seqs() == frozenset()
     assert seqs == {3, 5}  # a snapshot: a fetch keeps leaving out what was in flight
-    assert "a" not in held  # a live view: a submission sees holds as they are
+    assert ("t.order", "a") not in held  # a live view: a submission sees holds as they are
 
 
 # -- keys released while a fetch was open --------------------------------------------------
 async def held_then_released(window: InFlightWindow, key: str) -> None:
     await window.take_slot()
     window.admit([row(1, key=key)])
-    window.hold([key])
-    window.release([row(1, key=key)], held_keys=[key])
+    window.hold(failed(key))
+    window.release([row(1, key=key)], failed(key))
 
 
 async def test_a_key_released_while_a_fetch_is_open_stays_held_from_its_rows() -> None:
-    window = InFlightWindow(2)
+    window = new_window(2)
     mark = window.fetch_mark()
     await held_then_released(window, "k")
-    assert not window.is_held("k")
-    assert window.held_since("k", mark)
-    assert not window.held_since("other", mark)
+    assert not window.is_held(keyed("k"))
+    assert window.held_since(keyed("k"), mark)
+    assert not window.held_since(keyed("other"), mark)
     window.fetch_done(mark)
     later = window.fetch_mark()  # a fetch after the release: the database holds the key
-    assert not window.held_since("k", later)
+    assert not window.held_since(keyed("k"), later)
 
 
 async def test_a_key_released_before_a_fetch_started_is_free_for_it() -> None:
-    window = InFlightWindow(2)
+    window = new_window(2)
     earlier = window.fetch_mark()
     await held_then_released(window, "k")
     mark = window.fetch_mark()
-    assert window.held_since("k", earlier)
-    assert not window.held_since("k", mark)
+    assert window.held_since(keyed("k"), earlier)
+    assert not window.held_since(keyed("k"), mark)
 
 
 async def test_releases_are_forgotten_once_no_fetch_that_needs_them_is_open() -> None:
-    window = InFlightWindow(2)
+    window = new_window(2)
     first = window.fetch_mark()
     await held_then_released(window, "k")
     second = window.fetch_mark()
     window.fetch_done(second)
-    assert window.held_since("k", first)  # the first fetch is still open
+    assert window.held_since(keyed("k"), first)  # the first fetch is still open
     window.fetch_done(first)
     assert window._released_at == {}
 
 
 async def test_a_release_with_no_fetch_open_is_not_remembered() -> None:
-    window = InFlightWindow(2)
+    window = new_window(2)
     await held_then_released(window, "k")
     assert window._released_at == {}
 
 
 async def test_a_retried_row_recorded_mid_pass_keeps_its_key_out_of_that_pass() -> None:
     # The database held the key behind the retried row; the pass stepped over those rows.
-    window = InFlightWindow(2)
+    window = new_window(2)
     pass_mark = window.fetch_mark()
     await window.take_slot()
-    retried = make_row(seq=1, aggregateid="k", holds_key=True)
+    retried = make_row(seq=1, aggregateid="k", aggregatetype="order", holds_key=True)
     window.admit([retried, row(2, key="other")])
     fetch = window.fetch_mark()
     window.fetch_done(fetch)
-    window.release([retried, row(2, key="other")], held_keys=[])
-    assert window.held_since("k", pass_mark)  # the rest of this pass leaves "k" alone
-    assert not window.held_since("other", pass_mark)  # an ordinary row lifts no hold
+    window.release([retried, row(2, key="other")], [])
+    assert window.held_since(keyed("k"), pass_mark)  # the rest of this pass leaves "k" alone
+    assert not window.held_since(keyed("other"), pass_mark)  # an ordinary row lifts no hold
     window.fetch_done(pass_mark)
-    assert not window.held_since("k", window.fetch_mark())  # the next pass reads it in order
+    assert not window.held_since(keyed("k"), window.fetch_mark())  # the next pass reads it in order
 
 
 async def test_a_retried_row_still_in_flight_releases_its_key_only_with_its_last_copy() -> None:
-    window = InFlightWindow(2)
+    window = new_window(2)
     pass_mark = window.fetch_mark()
-    first, second = (make_row(seq=s, aggregateid="k", holds_key=True) for s in (1, 2))
+    first, second = (
+        make_row(seq=s, aggregateid="k", aggregatetype="order", holds_key=True) for s in (1, 2)
+    )
     await window.take_slot()
     await window.take_slot()
     window.admit([first])
     window.admit([second])
-    window.release([first], held_keys=[])
-    assert not window.held_since("k", pass_mark)
-    window.release([second], held_keys=[])
-    assert window.held_since("k", pass_mark)
+    window.release([first], [])
+    assert not window.held_since(keyed("k"), pass_mark)
+    window.release([second], [])
+    assert window.held_since(keyed("k"), pass_mark)
 
 
 async def test_holds_nothing_only_while_no_key_could_be_held_since_any_open_fetch() -> None:
-    window = InFlightWindow(2)
+    window = new_window(2)
     assert window.holds_nothing()
     mark = window.fetch_mark()  # a fetch is open while the key is held and released
-    window.hold(["a"])
+    window.hold(failed("a"))
     assert not window.holds_nothing()
     await window.take_slot()
-    window.release([], held_keys=["a"])
+    window.release([], failed("a"))
     # released after that fetch began: its rows of "a" are still held back
-    assert window.held_since("a", mark)
+    assert window.held_since(keyed("a"), mark)
     assert not window.holds_nothing()
     window.fetch_done(mark)
     assert window.holds_nothing()
-    assert not window.held_since("a", window.fetch_mark())
+    assert not window.held_since(keyed("a"), window.fetch_mark())
+
+
+async def test_a_key_is_held_on_its_topic_only_and_a_row_that_can_go_nowhere_holds_nothing() -> (
+    None
+):
+    """The in-memory hold is the database's: the key on the failed row's topic."""
+    window = new_window(2)
+    window.hold([row(1, key="k", aggregatetype="order"), row(2, key="j", aggregatetype="x y")])
+    assert window.is_held(row(3, key="k", aggregatetype="order"))
+    assert not window.is_held(row(4, key="k", aggregatetype="customer"))
+    assert not window.is_held(row(5, key="j", aggregatetype="x y"))  # "t.x y": no topic
+    assert window.held() == {("t.order", "k")}

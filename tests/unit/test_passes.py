@@ -10,7 +10,7 @@ import pytest
 
 from relay.inflight import InFlightWindow
 from relay.passes import HINTS_PER_POLL, Accepted, Fetched, FetchPlan, Passes, within_bound
-from relay.records import MAX_FETCHED_ROW_BYTES, OutboxRow
+from relay.records import MAX_FETCHED_ROW_BYTES, OutboxRow, RecordMapper
 from tests.unit.test_records import make_row
 
 POLL_MS = 1_000
@@ -24,7 +24,7 @@ def row(
     key: str | None = None,
     lane: int = 0,
     holds_key: bool = False,
-    size: int = 10,
+    size: int | None = 10,
     earlier: int | None = None,
 ) -> OutboxRow:
     return make_row(
@@ -37,6 +37,22 @@ def row(
     )
 
 
+_HOLD_OF = RecordMapper(topic_template="t.{aggregatetype}", ce_source="urn:t").hold_of
+
+
+def new_window(capacity: int) -> InFlightWindow:
+    return InFlightWindow(capacity, hold_of=_HOLD_OF)
+
+
+def keyed(key: str) -> OutboxRow:
+    return row(0, key=key)
+
+
+def failed(*keys: str) -> list[OutboxRow]:
+    """One failed row per key given (all go to the same topic)."""
+    return [keyed(key) for key in keys]
+
+
 def rows(*seqs: int) -> list[OutboxRow]:
     return [row(seq) for seq in seqs]
 
@@ -47,7 +63,7 @@ def seqs(found: Iterable[OutboxRow]) -> list[int]:
 
 def new_passes(window: InFlightWindow | None = None) -> Passes:
     return Passes(
-        window or InFlightWindow(4),
+        window or new_window(4),
         poll_interval_ms=POLL_MS,
         batch_size=BATCH,
         fetch_max_bytes=BUDGET,
@@ -187,10 +203,10 @@ async def test_rows_a_fetch_left_out_bring_the_next_pass_from_the_beginning() ->
 
 
 async def test_a_pass_that_began_while_keys_were_held_is_irregular() -> None:
-    window = InFlightWindow(4)
+    window = new_window(4)
     passes = new_passes(window)
     settle_cursor_fetches(passes)
-    window.hold(["k-failed"])  # its failure is not recorded yet
+    window.hold(failed("k-failed"))  # its failure is not recorded yet
     assert passes.full_pass_due(0.1, requested=False)
 
 
@@ -217,7 +233,7 @@ async def test_a_row_whose_earlier_pending_row_was_not_read_waits_for_it() -> No
 
 
 async def test_an_earlier_row_in_flight_is_no_late_commit() -> None:
-    window = InFlightWindow(4)
+    window = new_window(4)
     passes = new_passes(window)
     settle_cursor_fetches(passes)
     window.admit([row(2, key="k")])  # sent, not recorded yet
@@ -230,7 +246,7 @@ async def test_an_earlier_row_in_flight_is_no_late_commit() -> None:
 async def test_an_earlier_row_sent_while_a_prefetch_ran_is_no_late_commit() -> None:
     """A prefetch's statement starts before the batch read just before it is admitted to
     the window: that batch's rows are not in its left-out set, yet in flight."""
-    window = InFlightWindow(4)
+    window = new_window(4)
     passes = new_passes(window)
     settle_cursor_fetches(passes)
     prefetch = passes.prefetch_plan([0, 1])
@@ -246,13 +262,13 @@ async def test_an_earlier_row_sent_while_a_prefetch_ran_is_no_late_commit() -> N
 async def test_an_earlier_row_recorded_while_the_fetch_ran_is_no_late_commit() -> None:
     """In flight when the statement started, recorded (deleted) by the time its rows come
     back: the statement still saw it pending."""
-    window = InFlightWindow(4)
+    window = new_window(4)
     passes = new_passes(window)
     settle_cursor_fetches(passes)
     await window.take_slot()
     window.admit([row(2, key="k")])
     fetched = fetch(passes, [row(3, key="k", earlier=2)], now=0.1)
-    window.release([row(2, key="k")], held_keys=[])
+    window.release([row(2, key="k")], [])
     assert seqs(accept(passes, fetched).rows) == [3]
 
 
@@ -374,7 +390,7 @@ async def test_the_bound_is_read_ahead_once_half_a_poll_interval_into_the_pass()
 
 # -- rows in flight and held keys -----------------------------------------------------------------
 async def test_a_fetch_that_goes_back_leaves_out_the_rows_in_flight() -> None:
-    window = InFlightWindow(4)
+    window = new_window(4)
     passes = new_passes(window)
     accept(passes, fetch(passes, rows(1, 2, 3), bound=20))
     window.admit(rows(1, 2, 3))  # sent, not recorded yet
@@ -393,7 +409,7 @@ async def test_a_row_held_behind_a_retry_published_within_the_pass_is_not_sent()
     holds the key's next row back, so the cursor passes it). Once that row is published
     and released in the same pass, a later fetch of the pass would read the key's rows
     after the cursor: they wait for the next pass, which reads the stepped-over row first."""
-    window = InFlightWindow(4)
+    window = new_window(4)
     passes = new_passes(window)
     retried = row(1, key="k", holds_key=True)
     first = fetch(passes, [retried, row(3, key="other"), row(4, key="other2")], bound=9)
@@ -407,7 +423,7 @@ async def test_a_row_held_behind_a_retry_published_within_the_pass_is_not_sent()
     window.fetch_done(first.mark)
     assert seqs(sent) == [1, 3, 4]
     window.admit(sent)
-    window.release(sent, held_keys=[])  # published and recorded: the database's hold lifts
+    window.release(sent, [])  # published and recorded: the database's hold lifts
     later = passes.fetched(
         prefetch, [row(5, key="k"), row(6, key="other")], mark=prefetch_mark, left_out=frozenset()
     )
@@ -422,15 +438,15 @@ async def test_a_key_released_since_the_pass_began_waits_for_the_next_pass() -> 
     """The pass's fetches follow each other as prefetches (no new plan in between). A key
     released after the pass began may have rows the pass stepped over: a fetch that starts
     after the release still leaves the key out."""
-    window = InFlightWindow(4)
+    window = new_window(4)
     passes = new_passes(window)
-    window.hold(["k"])
+    window.hold(failed("k"))
     first = fetch(passes, rows(1, 2, 3), bound=99)
     accepted = accept(passes, first)
     assert accepted.full
     window.fetch_done(first.mark)
     window.admit([row(0, key="k")])
-    window.release([row(0, key="k")], held_keys=["k"])  # released after the pass began
+    window.release([row(0, key="k")], failed("k"))  # released after the pass began
     prefetch = passes.prefetch_plan([0, 1])
     later = passes.fetched(
         prefetch, [row(4, key="k"), row(5, key="j")], mark=window.fetch_mark(), left_out=frozenset()
@@ -442,21 +458,21 @@ async def test_a_key_released_since_the_pass_began_waits_for_the_next_pass() -> 
 async def test_a_fetch_whose_snapshot_predates_a_release_does_not_send_that_key() -> None:
     """The failure is recorded while the fetch's statement runs: the statement may still
     see the key free, and the in-memory hold is gone by the time its rows come back."""
-    window = InFlightWindow(4)
+    window = new_window(4)
     passes = new_passes(window)
     settle_cursor_fetches(passes)
-    window.hold(["k"])
+    window.hold(failed("k"))
     fetched = fetch(passes, [row(3, key="k"), row(4, key="free")], now=0.1)  # snapshot
     window.admit([row(1, key="k")])
-    window.release([row(1, key="k")], held_keys=["k"])  # recorded: the hold moves on
+    window.release([row(1, key="k")], failed("k"))  # recorded: the hold moves on
     accepted = accept(passes, fetched)
     assert seqs(passes.sendable(accepted.rows, LANES, fetched.mark)) == [4]
 
 
 async def test_a_held_key_s_rows_are_left_out_and_the_others_go() -> None:
-    window = InFlightWindow(4)
+    window = new_window(4)
     passes = new_passes(window)
-    window.hold(["k"])
+    window.hold(failed("k"))
     fetched = fetch(passes, [row(1, key="k"), row(2, key="j")], bound=9)
     accepted = accept(passes, fetched)
     assert seqs(passes.sendable(accepted.rows, LANES, fetched.mark)) == [2]
@@ -508,12 +524,12 @@ async def test_a_prefetch_reads_from_the_cursor_as_the_pass_s_kind_of_fetch() ->
 
 
 async def test_closing_lets_the_pass_s_mark_go() -> None:
-    window = InFlightWindow(4)
+    window = new_window(4)
     passes = new_passes(window)
     fetched = fetch(passes, [], bound=0)
     window.fetch_done(fetched.mark)
-    window.hold(["k"])
-    window.release([], held_keys=["k"])  # released while the pass is open: remembered
+    window.hold(failed("k"))
+    window.release([], failed("k"))  # released while the pass is open: remembered
     assert not window.holds_nothing()
     passes.close()
     window.fetch_done(window.fetch_mark())  # any later fetch prunes what nobody needs
@@ -521,35 +537,33 @@ async def test_closing_lets_the_pass_s_mark_go() -> None:
 
 
 # -- sizes ----------------------------------------------------------------------------------------
-async def test_a_fetch_cut_by_its_byte_budget_is_full_and_the_next_asks_for_fewer_rows() -> None:
+async def test_a_fetch_cut_by_its_byte_budget_is_full_and_the_next_asks_for_a_whole_batch() -> None:
+    """The statement printed nothing past the budget (the sizes were measured at the door),
+    so asking for a whole batch again costs nothing it does not return."""
     passes = new_passes()
     big = [row(1, size=600), row(2, size=600)]  # the second crossed the budget: cut there
     fetched = fetch(passes, big, bound=9)
     assert fetched.full and fetched.transferred_bytes == 1_200
     accept(passes, fetched)
-    second = fetch(passes, [row(3, size=600)], now=0.1)
-    assert second.plan.limit == min(BATCH, 2 * len(big))
-    # Small rows again: the limit doubles back to the batch size.
-    accept(passes, second)
-    assert passes.prefetch_plan([0, 1]).limit == BATCH
+    assert fetch(passes, [row(3, size=600)], now=0.1).plan.limit == BATCH
 
 
-async def test_a_row_too_large_to_fetch_whole_counts_nothing_toward_the_budget() -> None:
+async def test_a_row_too_large_to_fetch_whole_counts_what_it_brings_toward_the_budget() -> None:
     passes = new_passes()
-    fetched = fetch(passes, [row(1, size=MAX_FETCHED_ROW_BYTES + 1), row(2, size=10)], bound=9)
-    assert fetched.transferred_bytes == 10 and not fetched.full
+    large = row(1, size=MAX_FETCHED_ROW_BYTES + 1)
+    fetched = fetch(passes, [large, row(2, size=10)], bound=9)
+    brought = 36 + len(large.aggregatetype) + len(large.aggregateid) + len(large.type)
+    assert fetched.transferred_bytes == brought + 10 and not fetched.full
 
 
-async def test_a_limit_once_lowered_grows_back_one_doubling_per_fetch() -> None:
-    passes = Passes(InFlightWindow(4), poll_interval_ms=POLL_MS, batch_size=100, fetch_max_bytes=1)
-    accept(passes, passes.fetched(passes.plan(LANES, 0.0), [row(1)], mark=0, left_out=frozenset()))
-    limits = []
-    for n in range(2, 10):
-        plan = passes.plan(LANES, 0.0)
-        limits.append(plan.limit)
-        # a fetch under the budget: no row at all transferred
-        passes.fetched(plan, [row(n, size=MAX_FETCHED_ROW_BYTES + 1)], mark=0, left_out=frozenset())
-    assert limits == [2, 4, 8, 16, 32, 64, 100, 100]
+async def test_a_row_stored_before_the_door_and_not_measured_is_not_sent_but_read_again() -> None:
+    passes = new_passes()
+    fetched = fetch(passes, [row(1, size=None), row(2)], bound=9)
+    sent = passes.sendable(accept(passes, fetched).rows, LANES, fetched.mark)
+    assert seqs(sent) == [2]
+    passes.ended()
+    passes.start(0.1, full_pass_requested=False)
+    assert passes.plan(LANES, 0.1).start == 0  # the next pass reads it from the beginning
 
 
 async def test_a_row_whose_outcome_cannot_be_recorded_is_never_sent_again() -> None:

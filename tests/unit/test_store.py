@@ -1,8 +1,13 @@
-"""How acknowledged partition batches are laid out as RECORD_PUBLISHED's arrays. Pure."""
+"""How acknowledged partition batches are laid out as RECORD_PUBLISHED's arrays, and how a
+fetch's columns become a row. Pure."""
 
 from __future__ import annotations
 
+import re
+
+from relay import sql
 from relay.outcome import PublishedGroup
+from relay.records import OutboxRow
 from relay.store import PublishedArrays, published_arrays
 from tests.unit.test_records import make_row
 
@@ -56,3 +61,11 @@ def test_rows_are_joined_only_where_their_offsets_run_on_in_one_partition() -> N
     assert arrays.base_offsets == [10, 13, 14, 15]
     assert (arrays.firsts, arrays.lasts) == ([1, 3, 4, 5], [2, 3, 4, 5])
     assert arrays.seqs == [1, 2, 3, 4, 5]
+
+
+def test_the_fetch_names_its_columns_as_the_row_s_fields_in_their_order() -> None:
+    """The store builds each row from the statement's columns by position (the hot path):
+    the statement's own names for them must be the row's fields, in the same order."""
+    select_list = sql.FETCH_READY.split("\nFROM (", 1)[0]
+    aliases = re.findall(r" AS (\w+),?$", select_list, flags=re.MULTILINE)
+    assert aliases == list(OutboxRow._fields)
