@@ -12,7 +12,9 @@ memory, a data error) is narrowed, so that it cannot stop the relay for good:
    the suspect;
 3. the suspect is fetched alone, and must fail again;
 4. the rows around it must fetch: the prefix before it did, or one of the rows just after
-   it does when fetched alone.
+   it does when fetched alone;
+5. the suspect, fetched alone once more after that, must still fail (load that ended
+   while it was narrowed names no row).
 
 Only then is the row quarantined (by seq, without its content). Anything else (every probe
 failing, the rows having moved on) is load, and the fetch is simply tried again later:
@@ -62,6 +64,8 @@ class Narrowing:
     """The seqs of the first ``failing`` rows and up to AFTER_ROWS after them, once read."""
     failed_alone: bool = False
     after_tried: int = 0
+    around_fetched: bool = False
+    """The rows around the suspect fetched: it is fetched alone a last time."""
     _done: Step | None = None
 
     def __post_init__(self) -> None:
@@ -75,7 +79,7 @@ class Narrowing:
             return Step(StepKind.PREFIX, self.start, (self.fetching + self.failing) // 2)
         if not self.seqs:
             return Step(StepKind.LIST, self.start, self.failing + AFTER_ROWS)
-        if not self.failed_alone:
+        if not self.failed_alone or self.around_fetched:
             return Step(StepKind.ALONE, self._before_suspect(), 1)
         # It failed alone, again: now the rows after it, one at a time (the n-th of them
         # is the first row after the one before it).
@@ -98,17 +102,20 @@ class Narrowing:
                 self.fetching = middle
             else:
                 self.failing = middle
+        elif self.around_fetched:  # the last time alone
+            kind = StepKind.GIVE_UP if ok else StepKind.QUARANTINE
+            self._done = Step(kind, seq=0 if ok else self.suspect)
         elif not self.failed_alone:
             if ok:  # alone it fetches: not its content
                 self._done = Step(StepKind.GIVE_UP)
             else:
                 self.failed_alone = True
                 if self.fetching:  # the rows before it fetched
-                    self._done = Step(StepKind.QUARANTINE, seq=self.suspect)
+                    self.around_fetched = True
                 else:
                     self._next_after()
         elif ok:
-            self._done = Step(StepKind.QUARANTINE, seq=self.suspect)
+            self.around_fetched = True
         else:
             self._next_after()
 

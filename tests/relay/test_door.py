@@ -6,9 +6,11 @@ bloat or slow it. Real PostgreSQL (each server of the run) and the real broker.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import asyncpg
 import pytest
@@ -22,6 +24,8 @@ from contracts.limits import (
     MAX_TOPIC_BYTES,
     MAX_TYPE_BYTES,
 )
+from relay.records import OutboxRow
+from relay.store import RelayStore
 from tests.security.roles import create_login_role, drop_role, grant
 from tests.support.faultproxy import proxied_database_url
 from tests.support.kafka import read_topic
@@ -329,3 +333,75 @@ async def test_many_held_topics_of_one_key_do_not_slow_its_fetches(
         await wait_until(lambda: _published(db, ["K"]), what="K on an allowed topic")
     records = await read_topic(kafka_bootstrap, f"{topic_namespace}.order", count=21)
     assert sorted(r.key for r in records) == sorted([b"K", *(k.encode() for k in healthy)])
+
+
+# -- no content can stop a fetch ---------------------------------------------------------------------
+def _failing_store(fails: Callable[[list[int]], BaseException | None]) -> type[RelayStore]:
+    """The relay's store, whose fetches fail as ``fails`` says for the seqs they would read
+    (a damaged value, a statement timeout), as the server would fail them."""
+
+    class Failing(RelayStore):
+        async def fetch_ready(
+            self, lanes: Any, cursor: int, limit: int, **kwargs: Any
+        ) -> list[OutboxRow]:
+            rows = await super().fetch_ready(lanes, cursor, limit, **kwargs)
+            error = fails([row.seq for row in rows])
+            if error is not None:
+                raise error
+            return rows
+
+    return Failing
+
+
+async def test_a_row_whose_fetch_fails_on_its_own_is_quarantined_and_the_rest_published(
+    db: asyncpg.Connection, database_url: str, kafka_bootstrap: str, topic_namespace: str
+) -> None:
+    """Every fetch that reads one row fails (XX001, as a damaged value fails): before, it
+    was retried for ever and nothing after it was published."""
+    keys = [f"k-{n}" for n in range(30)]
+    for key in keys:
+        await _insert(db, key)
+    damaged = await db.fetchval("SELECT seq FROM outbox WHERE aggregateid = 'k-16'")
+
+    def fails(seqs: list[int]) -> BaseException | None:
+        return asyncpg.DataCorruptedError("damaged") if damaged in seqs else None
+
+    config = fast_config(database_url, kafka_bootstrap, topic_namespace)
+    async with running_relay(config, store_factory=_failing_store(fails)) as running:
+        healthy = [key for key in keys if key != "k-16"]
+        await wait_until(lambda: _published(db, healthy), what="the other rows published")
+        await wait_until(
+            lambda: db.fetchval(
+                "SELECT quarantined_at IS NOT NULL FROM outbox WHERE seq = $1", damaged
+            ),
+            what="the damaged row quarantined",
+        )
+        assert running.metric("outbox_relay_quarantined_events_total") == 1
+    assert tuple(await db.fetchrow(STATE, "k-16")) == ("unfetchable", True)
+
+
+async def test_fetches_that_fail_for_load_quarantine_nothing(
+    db: asyncpg.Connection, database_url: str, kafka_bootstrap: str, topic_namespace: str
+) -> None:
+    """Every fetch times out for a while (the server is overloaded, not a row): narrowing
+    finds no row that fails on its own, nothing is quarantined, and all is published once
+    the fetches succeed again."""
+    keys = [f"k-{n}" for n in range(30)]
+    for key in keys:
+        await _insert(db, key)
+    overloaded = asyncio.Event()
+    failed_fetches = 0
+
+    def fails(seqs: list[int]) -> BaseException | None:
+        nonlocal failed_fetches
+        if overloaded.is_set():
+            return None
+        failed_fetches += 1
+        return asyncpg.QueryCanceledError("canceling statement due to statement timeout")
+
+    config = fast_config(database_url, kafka_bootstrap, topic_namespace)
+    async with running_relay(config, store_factory=_failing_store(fails)):
+        await wait_until(lambda: failed_fetches >= 40, what="forty failed fetches")
+        overloaded.set()
+        await wait_until(lambda: _published(db, keys), what="every row published")
+    assert await db.fetchval("SELECT count(*) FROM outbox WHERE quarantined_at IS NOT NULL") == 0
