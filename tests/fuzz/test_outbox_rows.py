@@ -1,10 +1,10 @@
 """Fuzzing what writers put in the outbox: odd payloads, headers, keys, topics and sizes.
 
 Rows are inserted by plain SQL into the real PostgreSQL while one relay runs against the
-real broker. Each committed row must end up either on Kafka, intact (key, value and
-headers read back byte for byte from where its receipt says it landed), or quarantined
-with a cause; a row the relay could publish must not be quarantined; the relay keeps
-running throughout.
+real broker. The door (migration 0009) refuses exactly the rows over its limits, naming the
+column; each committed row must end up either on Kafka, intact (key, value and headers read
+back byte for byte from where its receipt says it landed), or quarantined with a cause; a
+row the relay could publish must not be quarantined; the relay keeps running throughout.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
-from relay.records import MAX_FETCHED_ROW_BYTES, MAX_RECORD_BYTES, RESERVED_HEADERS
+from contracts import limits
+from relay.records import MAX_RECORD_BYTES, RESERVED_HEADERS
 from tests.fuzz.profiles import fuzz_settings
 from tests.support.relay import RunningRelay, fast_config, running_relay
 from tests.support.waiting import wait_until
@@ -40,34 +41,40 @@ _OPTIONAL = ("tenant_ref", "schema_version", "correlation_ref", "causation_ref")
 # Only the relay's own bound is predicted; a record just under it still fits the broker.
 _COMFORTABLY_SMALL = MAX_RECORD_BYTES - 64 * 1024
 
+# The key's tail is built by the server ($12 more 'k's): a writer can send a few bytes for
+# a key of megabytes.
 INSERT = """
 INSERT INTO outbox (aggregatetype, aggregateid, type, payload, tenant_ref, schema_version,
                     correlation_ref, causation_ref, traceparent, headers, topic)
-VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10::jsonb, $11)
+VALUES ($1, $2 || repeat('k', $12), $3, $4::jsonb, $5, $6, $7, $8, $9, $10::jsonb, $11)
 RETURNING id::text, payload::text, headers::text
 """
+# How long jsonb prints a payload whose numbers print short (the door measures the same).
+PRINTED = "SELECT octet_length($1::jsonb::text)"
 # Rows of the example still in the outbox.
 PENDING = "SELECT count(*) FROM outbox WHERE id = ANY($1::uuid[])"
 # A row is settled once it left the outbox (published), was quarantined, or waits behind
-# an earlier quarantined row of its key.
+# an earlier quarantined row of its key that holds it (on its topic, or on every topic:
+# relay/sql.py, FETCH_READY).
 UNSETTLED = """
 SELECT count(*) FROM outbox o
 WHERE o.id = ANY($1::uuid[]) AND o.quarantined_at IS NULL
   AND NOT EXISTS (
       SELECT 1 FROM outbox h
       WHERE h.aggregateid = o.aggregateid AND h.seq < o.seq AND h.quarantined_at IS NOT NULL
+        AND h.held_topic IN (coalesce(o.topic, replace($2, '{aggregatetype}', o.aggregatetype)),
+                             '*')
   )
-"""
-QUARANTINED = """
-SELECT id::text, last_error_class FROM outbox
-WHERE id = ANY($1::uuid[]) AND quarantined_at IS NOT NULL
 """
 RECEIPTS = """
 SELECT id::text, topic, kafka_partition, kafka_offset FROM outbox_receipt
 WHERE id = ANY($1::uuid[])
 """
-# Quarantined rows would hold their keys back in later examples: the test removes them.
-FORGET_QUARANTINED = "DELETE FROM outbox WHERE quarantined_at IS NOT NULL"
+# Quarantined rows would hold their keys back in later examples: the test removes them,
+# each read as it goes (one statement: none is quarantined between the two).
+FORGET_QUARANTINED = """
+DELETE FROM outbox WHERE quarantined_at IS NOT NULL RETURNING id::text, last_error_class
+"""
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,11 @@ class Row:
     traceparent: str | None
     headers: dict[str, str] | None
     topic: str | None  # None: routed by the template
+    key_built: int = 0  # 'k's the server appends to the key
+
+    @property
+    def key(self) -> str:
+        return self.aggregateid + "k" * self.key_built
 
 
 @dataclass
@@ -143,7 +155,19 @@ json_values = st.recursive(
     lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(text, inner, max_size=4)),
     max_leaves=12,
 )
-big_payloads = st.integers(0, MAX_RECORD_BYTES + 100_000).map(lambda n: padded(n))
+# Around the record limit and the door's limit on the printed payload.
+big_payloads = st.one_of(
+    st.integers(0, MAX_RECORD_BYTES + 100_000),
+    st.integers(limits.MAX_PAYLOAD_TEXT_BYTES - 200, limits.MAX_PAYLOAD_TEXT_BYTES + 200),
+).map(lambda n: padded(n))
+# Numbers jsonb stores in a few bytes and prints long: over the door's limit or just under.
+huge_numbers = st.lists(
+    st.sampled_from(
+        ["1e131071", "-1e131071", "1e1000", "9e999", "1e-1001", "-1e-1000", "1e-16383", "0e-16383"]
+    ),
+    min_size=1,
+    max_size=50,
+).map(lambda numbers: "[" + ", ".join(numbers) + "]")
 header_names = st.one_of(st.sampled_from(sorted(RESERVED_HEADERS | set(_OPTIONAL))), text)
 traceparents = st.one_of(
     st.none(),
@@ -172,19 +196,22 @@ def void_traceparent(traceparent: str | None) -> bool:
     return version == "ff" or trace_id == "0" * 32 or parent_id == "0" * 16
 
 
-# Header values near and over the record limit.
+# Header values near and over the door's limit on the header set.
 header_values = st.one_of(
     text,
-    st.integers(MAX_RECORD_BYTES - 20_000, MAX_RECORD_BYTES + 20_000).map(lambda n: "v" * n),
+    st.integers(limits.MAX_HEADER_SET_BYTES - 200, limits.MAX_HEADER_SET_BYTES + 200).map(
+        lambda n: "v" * n
+    ),
 )
 
 
 def long_keys() -> st.SearchStrategy[str]:
-    """Long keys, compressible and not: random hex around B-tree's 2,704-byte entry limit
-    (pglz cannot shrink it), which a key index must still take."""
+    """Long keys, compressible and not: around the door's 1,024 bytes, random hex (pglz
+    cannot shrink it) and multibyte characters."""
     return st.one_of(
-        st.integers(1, 20_000).map(lambda n: "k" * n),
-        st.binary(min_size=1_000, max_size=2_000).map(bytes.hex),
+        st.integers(1, 2_000).map(lambda n: "k" * n),
+        st.binary(min_size=500, max_size=600).map(bytes.hex),
+        st.integers(500, 520).map(lambda n: "é" * n),
     )
 
 
@@ -205,14 +232,29 @@ def rows(draw: st.DrawFn) -> Row:
         aggregatetype=draw(st.sampled_from(TYPES)) if routed else draw(nonempty),
         aggregateid=draw(st.one_of(nonempty, long_keys())),
         type=draw(nonempty),
-        payload=draw(st.one_of(json_values.map(json.dumps), st.none(), big_payloads)),
+        payload=draw(st.one_of(json_values.map(json.dumps), st.none(), big_payloads, huge_numbers)),
         optional=tuple(draw(st.one_of(st.none(), text)) for _ in _OPTIONAL),
         traceparent=draw(traceparents),
         headers=draw(
             st.one_of(st.none(), st.dictionaries(header_names, header_values, max_size=4))
         ),
         topic=topic,
+        key_built=draw(st.sampled_from([0, 0, 0, 0, 0, 0, 1_000, 5_242_000])),
     )
+
+
+@st.composite
+def held_topics(draw: st.DrawFn) -> list[Row]:
+    """Rows of one key over many topics, most of which fail (an own topic that is no name,
+    one the broker does not have) and each holds the key on its own topic at most; then
+    the key on the routed topic, which nothing of them holds."""
+    key = draw(nonempty)
+    count = draw(st.integers(2, 60))
+    odd = [draw(st.sampled_from(["x y", "a/b", ".", "own"])) + str(n) for n in range(count)]
+    return [
+        *(Row("a", key, "t", None, (None,) * 4, None, None, topic) for topic in odd),
+        Row("a", key, "t", '{"last": true}', (None,) * 4, None, None, None),
+    ]
 
 
 def padded(size: int) -> str:
@@ -225,11 +267,53 @@ def deep(depth: int) -> str:
 
 
 PLAIN = Row("a", "k", "t", '{"x": 1}', (None,) * 4, None, None, None)
-# 3,200 characters of pseudo-random hex: over a B-tree entry's limit even after pglz.
-INCOMPRESSIBLE_KEY = "".join(hashlib.sha256(str(n).encode()).hexdigest() for n in range(50))
+# 1,024 characters of pseudo-random hex: the longest key the door takes, which pglz cannot
+# shrink.
+INCOMPRESSIBLE_KEY = "".join(hashlib.sha256(str(n).encode()).hexdigest() for n in range(16))
 
 
 # -- what must happen ----------------------------------------------------------------------
+def _numbers(value: Any) -> list[Decimal]:
+    if isinstance(value, Decimal):
+        return [value]
+    if isinstance(value, list):
+        return [n for item in value for n in _numbers(item)]
+    if isinstance(value, dict):
+        return [n for item in value.values() for n in _numbers(item)]
+    return []
+
+
+def _prints_huge(number: Decimal) -> bool:
+    """More than 1,000 digits before its decimal point, or 1,000 zeros after it."""
+    digits = limits.MAX_NUMBER_DIGITS
+    return abs(number) >= Decimal(f"1e{digits}") or 0 < abs(number) < Decimal(f"1e-{digits}")
+
+
+async def refused_column(world: World, row: Row) -> str | None:
+    """The column the door must name when it refuses the row (None: it takes it)."""
+    if len(row.key.encode()) > limits.MAX_AGGREGATEID_BYTES:
+        return "aggregateid"
+    if len(row.aggregatetype.encode()) > limits.MAX_AGGREGATETYPE_BYTES:
+        return "aggregatetype"
+    if len(row.type.encode()) > limits.MAX_TYPE_BYTES:
+        return "type"
+    if row.topic is not None and len(row.topic.encode()) > limits.MAX_TOPIC_BYTES:
+        return "topic"
+    header_set = sum(len((value or "").encode()) for value in row.optional)
+    if row.headers is not None:
+        # as jsonb prints an object of strings (the order of its keys is not its length)
+        printed = json.dumps(row.headers, ensure_ascii=False, separators=(", ", ": "))
+        header_set += len(printed.encode())
+    if header_set > limits.MAX_HEADER_SET_BYTES:
+        return "headers"
+    if row.payload is not None:
+        if any(map(_prints_huge, _numbers(canonical(row.payload)))):
+            return "payload"
+        if await world.db.fetchval(PRINTED, row.payload) > limits.MAX_PAYLOAD_TEXT_BYTES:
+            return "payload"
+    return None
+
+
 def expected_cause(world: World, row: Row, payload_bytes: int) -> str | None:
     """The cause a row must be quarantined with, or None when it must be published."""
     topic = world.topic(row.aggregatetype) if row.topic is None else row.topic
@@ -242,9 +326,7 @@ def expected_cause(world: World, row: Row, payload_bytes: int) -> str | None:
     reserved = RESERVED_HEADERS | set(_OPTIONAL)
     if row.headers and any(n.lower() in reserved or not n for n in row.headers):
         return "invalid_headers"
-    if payload_bytes > MAX_FETCHED_ROW_BYTES + 1_000:
-        return "too_large"  # never fetched whole
-    if len(row.aggregateid.encode()) + payload_bytes + 4096 > _COMFORTABLY_SMALL:
+    if len(row.key.encode()) + payload_bytes + 4096 > _COMFORTABLY_SMALL:
         return "unknown"  # near or over the limit: published whole, or record_too_large
     return None
 
@@ -259,20 +341,25 @@ def canonical(value: bytes | str) -> Any:
         return re.sub(r"\s", "", text)
 
 
-async def insert(world: World, row: Row) -> tuple[str, str | None, str | None]:
+async def insert(world: World, row: Row) -> tuple[str, str | None, str | None] | str | None:
+    """The row's id and what it stored, or the column the door named when it refused it."""
     topic = world.topic("own") if row.topic == "own" else row.topic
     headers = None if row.headers is None else json.dumps(row.headers)
-    record = await world.db.fetchrow(
-        INSERT,
-        row.aggregatetype,
-        row.aggregateid,
-        row.type,
-        row.payload,
-        *row.optional,
-        row.traceparent,
-        headers,
-        topic,
-    )
+    try:
+        record = await world.db.fetchrow(
+            INSERT,
+            row.aggregatetype,
+            row.aggregateid,
+            row.type,
+            row.payload,
+            *row.optional,
+            row.traceparent,
+            headers,
+            topic,
+            row.key_built,
+        )
+    except asyncpg.ProgramLimitExceededError as refused:
+        return refused.column_name
     return record[0], record[1], record[2]
 
 
@@ -299,7 +386,7 @@ async def assert_published_intact(
     record = await read_back(
         world, receipt["topic"], receipt["kafka_partition"], receipt["kafka_offset"]
     )
-    assert record.key == row.aggregateid.encode()
+    assert record.key == row.key.encode()
     if stored_payload is None:
         assert record.value is None
     else:
@@ -331,23 +418,41 @@ async def assert_published_intact(
 
 
 @fuzz_settings(max_examples=40)
-@given(batch=st.lists(rows(), min_size=1, max_size=4))
+@given(batch=st.one_of(st.lists(rows(), min_size=1, max_size=4), held_topics()))
 # Nested deeper than msgspec formats: was a RecursionError out of the relay's send path.
 @example(batch=[PLAIN, Row("a", "k2", "t", deep(2000), (None,) * 4, None, None, None)])
 @example(batch=[Row("b", "k", "t", None, ("", "é", None, "\n"), None, {"ü": "\U0001f600"}, None)])
 @example(batch=[Row("a", "k", "t", None, (None,) * 4, None, {"": "v", "id": "x"}, None), PLAIN])
 @example(
-    batch=[Row("a", "k" * 20_000, "t", padded(MAX_RECORD_BYTES), (None,) * 4, None, None, None)]
+    batch=[Row("a", "k" * 1_024, "t", padded(MAX_RECORD_BYTES), (None,) * 4, None, None, None)]
 )
 @example(batch=[Row("a", "k", "t", str(10**40), (None,) * 4, None, None, "a/b"), PLAIN])
-# Far over the record limit: quarantined as too large without being fetched whole.
+# Over the door's limit: refused, naming the payload.
 @example(
     batch=[
-        Row("a", "k", "t", padded(MAX_FETCHED_ROW_BYTES + 10_000), (None,) * 4, None, None, None),
+        Row("a", "k", "t", padded(limits.MAX_PAYLOAD_TEXT_BYTES), (None,) * 4, None, None, None),
         PLAIN,
     ]
 )
-# A key no B-tree entry can hold, whose row fails: its failure is still recorded.
+# About 2 kB stored, more than 1 GiB printed: refused without being printed.
+@example(
+    batch=[
+        Row(
+            "a",
+            "k",
+            "t",
+            "[" + ", ".join(["1e131071"] * 8_200) + "]",
+            (None,) * 4,
+            None,
+            None,
+            None,
+        ),
+        PLAIN,
+    ]
+)
+# A key the server builds to megabytes from a few bytes: refused.
+@example(batch=[Row("a", "g", "t", None, (None,) * 4, None, None, None, 5_242_000), PLAIN])
+# A key at the door's limit that does not compress, whose row fails: recorded.
 @example(
     batch=[Row("a", INCOMPRESSIBLE_KEY, "t", None, (None,) * 4, None, {"ID": "x"}, None), PLAIN]
 )
@@ -357,13 +462,20 @@ async def test_every_committed_row_is_published_intact_or_quarantined(
     inserted = []
     for row in batch:
         payload_bytes = len(row.payload.encode()) if row.payload is not None else 0
-        event_id, stored_payload, stored_headers = await insert(world, row)
+        refused = await refused_column(world, row)
+        stored = await insert(world, row)
+        if not isinstance(stored, tuple):
+            event(f"refused: {stored}")
+            assert stored == refused, "the door refused another column than its limits say"
+            continue
+        assert refused is None, f"the door took a row over its limit on {refused}"
+        event_id, stored_payload, stored_headers = stored
         inserted.append((row, event_id, stored_payload, stored_headers, payload_bytes))
     ids = [event_id for _, event_id, *_ in inserted]
 
     async def settled() -> bool:
         assert not world.relay.task.done(), "the relay stopped"
-        return await world.db.fetchval(UNSETTLED, ids) == 0
+        return await world.db.fetchval(UNSETTLED, ids, world.topic("{aggregatetype}")) == 0
 
     # A quarantined row holds back the later rows of its key (by design, until redrive):
     # record and remove the quarantined ones, and wait again for the rows they held.
@@ -372,8 +484,8 @@ async def test_every_committed_row_is_published_intact_or_quarantined(
         await wait_until(
             settled, timeout=60, what="every row of the example published or quarantined"
         )
-        quarantined.update(dict(await world.db.fetch(QUARANTINED, ids)))
-        await world.db.execute(FORGET_QUARANTINED)
+        forgotten = dict(await world.db.fetch(FORGET_QUARANTINED))
+        quarantined.update({key: cause for key, cause in forgotten.items() if key in ids})
     receipts = {r["id"]: r for r in await world.db.fetch(RECEIPTS, ids)}
     assert not world.relay.task.done(), "the relay stopped"
     for row, event_id, stored_payload, stored_headers, payload_bytes in inserted:
