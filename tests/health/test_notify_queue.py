@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from contracts.policy import Policy
 from tests.health.test_http import running
+from tests.security.roles import create_login_role, drop_role
 from tests.support.http import get
 from tests.support.waiting import wait_until
 
@@ -34,7 +35,9 @@ def samples(metrics: str) -> list[float]:
 async def test_the_queue_held_by_a_listener_in_a_transaction_shows_in_the_gauge(
     database_url: str, db: asyncpg.Connection
 ) -> None:
-    listener = await asyncpg.connect(database_url)
+    # The listener is a role that can only connect: no part granted, nothing else needed.
+    role = await create_login_role(db, database_url, "listener")
+    listener = await asyncpg.connect(role.url)
     try:
         await listener.add_listener(CHANNEL, lambda *_: None)
         holding = listener.transaction()
@@ -64,6 +67,7 @@ async def test_the_queue_held_by_a_listener_in_a_transaction_shows_in_the_gauge(
             await wait_until(emptied, timeout=10, what=f"{GAUGE} < {held}")
     finally:
         await listener.close()
+        await drop_role(db, role.name)
 
 
 async def test_a_process_that_evaluates_no_family_does_not_read_it(database_url: str) -> None:
