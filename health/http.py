@@ -8,12 +8,20 @@ answered or dropped; the server keeps serving.
 
 **The cap evicts, it does not refuse.** A connection that has not delivered its request
 yet costs the server nothing but a socket, and an orchestrator's probe is exactly such a
-connection for its first milliseconds. So when a new connection would go over the cap,
-the *oldest connection still waiting for its request* is closed to make room; only when
-every open connection is busy answering (each for at most two I/O deadlines) is the new
-one refused. Idle sockets or a connection flood therefore push out each other, never a
-probe that sends its request promptly: a probe is evicted only if ``max_connections``
-newer connections arrive before its request does.
+connection for its first milliseconds. So when a new connection would go over the cap, a
+connection that no probe can be waiting on is closed to make room: first the oldest one
+that was already answered and is only draining its client's input before the close (see
+below), else the oldest one still waiting for its request. Only when every open
+connection is busy answering (each for at most two I/O deadlines) is the new one refused.
+Idle sockets, clients that send an oversized request and then go silent, or a connection
+flood therefore push out each other, never a probe that sends its request promptly: a
+probe is evicted only if ``max_connections`` newer connections arrive before its request
+does.
+
+**After an answer to a request that was not read to its end** (a 400 for an oversized or
+malformed one) the server half-closes and discards what the client still sends, so that
+the close is an orderly one and the answer is not destroyed by a reset (RFC 9112 9.6);
+that drain is bounded in bytes and to ``_DRAIN_S``, and evictable.
 
 Kept on h11 rather than a general server (uvicorn, hypercorn): their connection limit
 answers 503 to everything over it, which fails the very probes this must keep serving,
@@ -41,8 +49,11 @@ logger = logging.getLogger("health.http")
 PROBLEM_JSON = "application/problem+json"
 ALLOWED_METHODS = ("GET", "HEAD")
 _READ_CHUNK = 4096
-_LINGER_BYTES = 65536
+_DRAIN_BYTES = 65536
 """At most this much unread input is discarded after answering, so the close is clean."""
+_DRAIN_S = 0.5
+"""And for at most this long (or the I/O deadline, if shorter): enough for a client that is
+still sending to see the answer and close, short for one that never will."""
 _TITLES = {
     400: "Bad Request",
     404: "Not Found",
@@ -118,6 +129,9 @@ class HTTPServer:
         self._waiting: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         # Connections answering a request; never evicted (each is bounded by io_timeout).
         self._answering: set[asyncio.Task[None]] = set()
+        # Connections answered, draining their client's input before the close, oldest
+        # first: evicted before any connection that may be a probe waiting for its answer.
+        self._draining: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
 
     @property
     def address(self) -> tuple[str, int]:
@@ -163,13 +177,16 @@ class HTTPServer:
         await self._server.serve_forever()
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self._waiting) + len(self._answering) >= self._max_connections:
-            if not self._waiting:
+        open_now = len(self._waiting) + len(self._answering) + len(self._draining)
+        if open_now >= self._max_connections:
+            evictable = self._draining or self._waiting
+            if not evictable:
                 # Every slot is answering a request: refuse rather than queue.
                 writer.transport.abort()
                 return
-            # The oldest connection that has not sent its request makes room.
-            self._waiting.pop(next(iter(self._waiting))).transport.abort()
+            # The oldest answered connection, else the oldest one that has not sent its
+            # request, makes room.
+            evictable.pop(next(iter(evictable))).transport.abort()
         task = asyncio.get_running_loop().create_task(
             self._connection(reader, writer), name="health-http-connection"
         )
@@ -181,6 +198,7 @@ class HTTPServer:
         self._connections.discard(task)
         self._waiting.pop(task, None)
         self._answering.discard(task)
+        self._draining.pop(task, None)
 
     def _admit(self) -> bool:
         """Move this connection from waiting to answering; False when it was evicted."""
@@ -212,7 +230,7 @@ class HTTPServer:
         except h11.RemoteProtocolError:
             if self._admit() and conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                 await self._send(conn, writer, problem(400, "malformed or oversized request"))
-                await self._linger(conn, reader, writer)
+                await self._drain(conn, reader, writer)
             return
         if request is None or not self._admit():
             return
@@ -229,22 +247,27 @@ class HTTPServer:
                 logger.error("health HTTP handler failed: %s", type(exc).__name__)
                 response = problem(500, "internal error")
         await self._send(conn, writer, response, head=request.method == "HEAD")
-        await self._linger(conn, reader, writer)
+        await self._drain(conn, reader, writer)
 
-    async def _linger(
+    async def _drain(
         self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         # Closing a socket with unread input makes the kernel send a reset, which can
         # destroy the answer before the client reads it. When the client may still be
-        # sending (a refused body), half-close and discard what arrives, bounded in
-        # bytes and time, so the close is an orderly one.
+        # sending (a refused body, an oversized head), half-close and discard what
+        # arrives, bounded in bytes and time, so the close is an orderly one. The answer
+        # is out, so the connection now yields its slot to any newcomer.
         if conn.their_state in (h11.DONE, h11.CLOSED, h11.MUST_CLOSE) or reader.at_eof():
             return
+        task = asyncio.current_task()
+        if task is not None and task in self._answering:
+            self._answering.discard(task)
+            self._draining[task] = writer
         if writer.can_write_eof():
             writer.write_eof()
         discarded = 0
-        async with asyncio.timeout(self._io_timeout):
-            while discarded < _LINGER_BYTES:
+        async with asyncio.timeout(min(self._io_timeout, _DRAIN_S)):
+            while discarded < _DRAIN_BYTES:
                 data = await reader.read(_READ_CHUNK)
                 if not data:
                     return

@@ -34,10 +34,12 @@ class HealthCollector(Collector):
         report: Callable[[], HealthReport | None],
         counters: HealthCounters,
         families: tuple[Family, ...],
+        notification_queue_usage: Callable[[], float | None] = lambda: None,
     ) -> None:
         self._report = report
         self._counters = counters
         self._families = families
+        self._queue_usage = notification_queue_usage
 
     def describe(self) -> Iterator[Metric]:
         """Metric names only, so the registry can refuse duplicates at registration."""
@@ -70,6 +72,12 @@ class HealthCollector(Collector):
             "Probes that produced no evidence (database unreachable, missing table, timeout).",
             labels=["family"],
         )
+        queue = GaugeMetricFamily(
+            "outbox_relay_notification_queue_usage_ratio",
+            "Fraction of the PostgreSQL cluster's NOTIFY queue in use "
+            "(pg_notification_queue_usage()); when it is full, every outbox INSERT fails "
+            "at commit. Read by a process that evaluates database-wide families.",
+        )
         # Every family's gauges, in registry order, present even before the first report.
         gauges = {
             gauge.metric: GaugeMetricFamily(gauge.metric, gauge.help)
@@ -93,6 +101,9 @@ class HealthCollector(Collector):
                         gauges[gauge.metric].add_metric(
                             [], value / 1000 if gauge.seconds else float(value)
                         )
+        usage = self._queue_usage() if report is not None else None
+        if usage is not None:
+            queue.add_metric([], usage)
         evaluations.add_metric([], float(self._counters.evaluations))
         for family in self._families:
             failures.add_metric([family.value], float(self._counters.probe_failures[family]))
@@ -101,4 +112,5 @@ class HealthCollector(Collector):
         yield evaluated
         yield evaluations
         yield failures
+        yield queue
         yield from gauges.values()

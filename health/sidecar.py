@@ -31,7 +31,8 @@ from health.families.relay import while_starting
 from health.history import History
 from health.http import HTTPServer, Request, Response, problem
 from health.metrics import HealthCollector, HealthCounters
-from health.probing import NOT_MIGRATED
+from health.notify_queue import read_queue_usage
+from health.probing import CONNECT_ERRORS, NOT_MIGRATED
 from health.render import encode_json, health_document, report_status, status_page
 from health.rules import mark_stale
 from pgconnect import pool_options
@@ -131,7 +132,14 @@ class HealthSidecar:
             max_connections=http_max_connections,
         )
         self._counters = HealthCounters()
-        self._collector = HealthCollector(self.report, self._counters, policy.enabled_families())
+        # The cluster's NOTIFY queue, as last read (None: not read, or the read failed).
+        self._queue_usage: float | None = None
+        self._collector = HealthCollector(
+            self.report,
+            self._counters,
+            policy.enabled_families(),
+            notification_queue_usage=lambda: self._queue_usage,
+        )
         self._pool: asyncpg.Pool | None = None
         # Incremental completion_outbox state: in memory only, never logged or served.
         self._completion = CompletionTracker(
@@ -260,10 +268,22 @@ class HealthSidecar:
             self._completion.reset()
         not_migrated = any(NOT_MIGRATED in result.reasons for result in report.families)
         self._database_state(unreachable or (_NOT_MIGRATED_STATE if not_migrated else None))
+        if self._policy.enabled_families():  # database-wide, like the families' gauges
+            self._queue_usage = None if unreachable else await self._read_queue_usage()
         self._record(report)
         async with self._evaluated:
             self._evaluated.notify_all()
         return report
+
+    async def _read_queue_usage(self) -> float | None:
+        """The NOTIFY queue's usage now; None when it cannot be read (the families' own
+        probes say why the database cannot be evaluated)."""
+        assert self._pool is not None
+        try:
+            async with asyncio.timeout(self._timeout), self._pool.acquire() as conn:
+                return await read_queue_usage(conn)
+        except CONNECT_ERRORS:
+            return None
 
     def _still_starting(self) -> bool:
         """Whether the in-process relay has yet to have its first chance to claim lanes."""

@@ -237,6 +237,34 @@ def describe_access(access: Access) -> str:
     return ", ".join(words) or "—"
 
 
+@dataclass(frozen=True, order=True)
+class Privilege:
+    """One privilege on one object of the model, whole-object when ``column`` is empty:
+    ``Privilege("outbox", "INSERT", "payload")``, ``Privilege("sequence outbox_seq_seq",
+    "SELECT")``, ``Privilege("function outbox_relay_notify()", "EXECUTE")``."""
+
+    target: str
+    privilege: str
+    column: str = ""
+
+
+def needed_privileges(parts: Iterable[str]) -> frozenset[Privilege]:
+    """Everything the union of ``parts`` may do on the model's objects, one privilege at a
+    time: what ``grant`` compares the role's effective privileges with once it has applied."""
+    chosen = tuple(parts)
+    needed: set[Privilege] = set()
+    for table in TABLES:
+        access = merged_access(table, chosen)
+        needed |= {Privilege(table, privilege) for privilege in access.privileges}
+        needed |= {Privilege(table, "INSERT", column) for column in access.insert_columns}
+        needed |= {Privilege(table, "UPDATE", column) for column in access.update_columns}
+    for sequence, needs in SEQUENCES.items():
+        for part in chosen:
+            needed |= {Privilege(f"sequence {sequence}", p) for p in needs.get(part, ())}
+    # FUNCTIONS: nobody executes them.
+    return frozenset(needed)
+
+
 # -- the plan (pure) -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SchemaFacts:
@@ -446,7 +474,8 @@ SELECT has_schema_privilege(r.oid, $2::oid, 'USAGE'),
            WHEN NOT me.rolcreaterole THEN false
            WHEN current_setting('server_version_num')::integer < 160000 THEN true
            ELSE pg_has_role(me.oid, r.oid, 'MEMBER WITH ADMIN OPTION')
-       END
+       END,
+       r.rolsuper
 FROM pg_catalog.pg_roles r, pg_catalog.pg_roles me
 WHERE r.rolname = $1 AND me.rolname = current_user
 """
@@ -491,6 +520,7 @@ async def read_facts(conn: asyncpg.Connection, role: str) -> SchemaFacts:
         raise ConfigError(f"role {role!r} does not exist: create the login role first")
     rows = await conn.fetch(_OBJECTS, namespace)
     owners = {row["name"]: row["owner"] for row in rows}
+    refuse_target(role, superuser=bool(role_row[4]), owns=_owned_by(role, schema, owners))
     expected = [*TABLES, *SEQUENCES, *FUNCTIONS]
     missing = [name for name in expected if name not in owners]
     if missing:
@@ -508,6 +538,33 @@ async def read_facts(conn: asyncpg.Connection, role: str) -> SchemaFacts:
         may_alter_role=bool(role_row[3]),
         schema_creators=tuple(r[0] for r in await conn.fetch(_SCHEMA_CREATORS, namespace)),
     )
+
+
+def _owned_by(role: str, schema: str, owners: Mapping[str, str]) -> list[str]:
+    modelled = [f"schema {schema}", *TABLES, *SEQUENCES, *FUNCTIONS]
+    return [name for name in modelled if owners.get(name) == role]
+
+
+def refuse_target(role: str, *, superuser: bool, owns: Iterable[str]) -> None:
+    """A :class:`ConfigError` for a role ``grant`` cannot narrow: a predefined role, a
+    superuser, or the owner of the schema or of one of its objects (each can do everything
+    there whatever it is granted, so "exactly" would be a false claim)."""
+    target = f"--to {shown(role)}"
+    if role.startswith("pg_"):
+        raise ConfigError(
+            f"{target} is a predefined role of the server: give the parts to a role of your own"
+        )
+    if superuser:
+        raise ConfigError(
+            f"{target} is a superuser, which may do everything whatever it is granted: "
+            "give the parts to a role that is not"
+        )
+    owned = list(owns)
+    if owned:
+        raise ConfigError(
+            f"{target} owns {shown(owned[0])}, and an owner may do everything with what it "
+            "owns: give the parts to a role that owns none of the relay's objects"
+        )
 
 
 async def apply_plan(conn: asyncpg.Connection, plan: GrantPlan) -> None:

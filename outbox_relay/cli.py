@@ -29,6 +29,7 @@ from contracts.errors import (
 from contracts.unexpected import log_unexpected
 from health.commands import check, status
 from health.render import STATUS_WIDTH
+from migrations.excess import read_excess, render_excess
 from migrations.grants import (
     apply_plan,
     plan_grants,
@@ -291,16 +292,24 @@ async def _grant(settings: GrantSettings) -> int:
             print(render_script(plan))
             return EXIT_OK
         await apply_plan(conn, plan)
+        # What PUBLIC, another grantor or a membership still gives the role survives the
+        # plan's REVOKE: say so, and where from, rather than claim "exactly".
+        excess = render_excess(
+            settings.role,
+            plan.parts,
+            await read_excess(conn, facts.schema, settings.role, plan.parts),
+        )
     finally:
         await conn.close()
     parts = ", ".join(plan.parts)
-    print(
-        f"role {shown(settings.role)} now holds exactly what {parts} needs "
-        "on this database's objects"
-    )
-    for line in render_pending(plan):
+    if not excess:
+        print(
+            f"role {shown(settings.role)} now holds exactly what {parts} needs "
+            "on this database's objects"
+        )
+    for line in [*excess, *render_pending(plan)]:
         print(line)
-    return EXIT_OK
+    return EXIT_FAILURE if excess else EXIT_OK
 
 
 async def _health_report(settings: HealthReportSettings) -> int:

@@ -471,7 +471,10 @@ HTTP_MAX_CONNECTIONS_OPTION = Integer(
     env="OUTBOX_RELAY_HTTP_MAX_CONNECTIONS",
     default=HTTP_MAX_CONNECTIONS,
     verbs=SIDECAR_VERBS,
-    help="open HTTP connections the health server keeps; idle ones are closed first beyond it",
+    help=(
+        "open HTTP connections the health server keeps; beyond it, answered ones still"
+        " draining input are closed first, then idle ones"
+    ),
 )
 DATABASE_RETRY_MAX = Integer(
     flag="--database-retry-max-ms",

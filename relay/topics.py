@@ -13,9 +13,20 @@ are quarantined after ``--max-attempts`` like any permanent failure. While the e
 a single metadata round re-checks it every :data:`MISSING_RECHECK_S` in the background, so
 a topic created later is found again.
 
-The topics tracked are bounded (:data:`MAX_TRACKED_TOPICS`): writers choose topics, and a
-topic the relay has not published to for longest is forgotten (its partitions, limit and
-negative entry, and the producer's metadata for it) when a new one would pass the bound.
+Writers choose topics, so everything kept per topic is bounded, each on its own:
+
+- the topics tracked (:data:`MAX_TRACKED_TOPICS`): the one the relay has not asked for
+  longest is forgotten (its partitions, limit, and the producer's metadata for it) when a
+  new one would pass the bound;
+- the negative entries (:data:`MAX_MISSING_TOPICS`, each trusted for
+  :data:`MISSING_TTL_S` after the broker last answered without the topic), apart from the
+  tracked topics: rows spread over more missing topics than are tracked still end as
+  ``unknown_topic``, instead of losing their entry to the other topics' rows and coming
+  back as ``topic_lookup`` for ever;
+- the lookups running at once (:data:`MAX_LOOKUPS`): a lookup runs to its end even when its
+  topic is forgotten meanwhile (else a rotation over many topics would cancel every one of
+  them before it could answer), and a topic beyond the bound waits as ``topic_lookup``
+  for a free one.
 
 The batch limit: a partition batch larger than the topic's ``max.message.bytes`` is refused
 whole. Each topic's limit is read with describe-configs (the relay needs DescribeConfigs on
@@ -55,6 +66,11 @@ LIMIT_REFRESH_S = 60.0
 _METADATA_ROUND_S = 0.2
 # Topics the catalog (and the producer's metadata requests) keep at once.
 MAX_TRACKED_TOPICS = 1_000
+# Negative entries kept at once, and how long one stands without the broker confirming it.
+MAX_MISSING_TOPICS = 10_000
+MISSING_TTL_S = 600.0
+# Lookups running at once; their topics are in the producer's metadata requests too.
+MAX_LOOKUPS = 1_000
 _MAX_MESSAGE_BYTES = "max.message.bytes"
 
 TopicAnswer = list[int] | BaseException
@@ -80,7 +96,8 @@ class TopicCatalog:
         self._producer: AIOKafkaProducer | None = None
         self._admin: AIOKafkaAdminClient | None = None
         self._admin_lock = asyncio.Lock()
-        self._missing: dict[str, float] = {}  # topic -> when the broker was last seen without it
+        # topic -> when the broker was last seen without it, the oldest first
+        self._missing: OrderedDict[str, float] = OrderedDict()
         self._lookups: dict[str, asyncio.Task[BaseException | None]] = {}
         self._describing: dict[str, asyncio.Task[None]] = {}
         self._limits: dict[str, _Limit] = {}
@@ -107,9 +124,11 @@ class TopicCatalog:
                 if self._limit_due(topic, now):
                     started.append(topic)  # wait for a first read of its limit, briefly
                 continue
-            missing_since = self._missing.get(topic)
-            if topic not in self._lookups and (
-                missing_since is None or now - missing_since >= MISSING_RECHECK_S
+            missing_since = self._missing_since(topic, now)
+            if (
+                topic not in self._lookups
+                and len(self._lookups) < MAX_LOOKUPS
+                and (missing_since is None or now - missing_since >= MISSING_RECHECK_S)
             ):
                 self._look_up(topic, recheck=missing_since is not None)
                 if missing_since is None:
@@ -129,6 +148,28 @@ class TopicCatalog:
         """How many topics the catalog keeps."""
         return len(self._used)
 
+    @property
+    def missing(self) -> int:
+        """How many negative entries the catalog keeps."""
+        return len(self._missing)
+
+    def _missing_since(self, topic: str, now: float) -> float | None:
+        """When the broker was last seen without ``topic``; None when it never was, or so
+        long ago that the entry no longer stands."""
+        since = self._missing.get(topic)
+        if since is not None and now - since > MISSING_TTL_S:
+            del self._missing[topic]
+            return None
+        return since
+
+    def _note_missing(self, topic: str) -> None:
+        if topic not in self._missing:
+            log.warning("topic does not exist", extra={"topic": topic})
+        self._missing[topic] = time.monotonic()
+        self._missing.move_to_end(topic)
+        while len(self._missing) > MAX_MISSING_TOPICS:
+            self._missing.popitem(last=False)
+
     def _track(self, topics: Collection[str]) -> None:
         """Mark these topics used now; forget the least recently used beyond the bound."""
         for topic in topics:
@@ -138,18 +179,24 @@ class TopicCatalog:
         while len(self._used) > max(MAX_TRACKED_TOPICS, len(topics)):
             topic, _ = self._used.popitem(last=False)
             forgotten.append(topic)
-            self._missing.pop(topic, None)
             self._limits.pop(topic, None)
-            for tasks in (self._lookups, self._describing):
-                task = tasks.pop(topic, None)
-                if task is not None:
-                    task.cancel()
+            reading = self._describing.pop(topic, None)
+            if reading is not None:
+                reading.cancel()
+            # A running lookup goes on (its answer is the negative entry, kept apart); a
+            # finished one's failure is for nobody now.
+            lookup = self._lookups.get(topic)
+            if lookup is not None and lookup.done():
+                del self._lookups[topic]
         if forgotten:
             gone = set(forgotten)
             self._sorted = {key: value for key, value in self._sorted.items() if key[0] not in gone}
             if self._client is not None:
-                # The producer asks the broker for metadata of every topic it knows.
-                self._client.set_topics(list(self._used))
+                # The producer asks the broker for metadata of every topic it knows: the
+                # tracked ones, and those still being looked up.
+                self._client.set_topics(
+                    [*self._used, *(t for t in self._lookups if t not in self._used)]
+                )
 
     def _known(self, topic: str) -> list[int] | None:
         partitions = self._client.cluster.partitions_for_topic(topic)
@@ -181,11 +228,23 @@ class TopicCatalog:
     def _look_up(self, topic: str, *, recheck: bool) -> None:
         task = asyncio.ensure_future(self._metadata_for(topic, recheck=recheck))
         self._lookups[topic] = task
-        task.add_done_callback(lambda done: self._lookup_done(topic, done))
+        task.add_done_callback(lambda done: self._lookup_done(topic, done, recheck=recheck))
 
-    def _lookup_done(self, topic: str, task: asyncio.Task[BaseException | None]) -> None:
-        # A failure stays for the next resolve to report; anything else is in the caches.
-        if self._lookups.get(topic) is task and not task.cancelled() and task.result() is None:
+    def _lookup_done(
+        self, topic: str, task: asyncio.Task[BaseException | None], *, recheck: bool
+    ) -> None:
+        # A first lookup's failure stays for the next resolve of its topic to report, while
+        # the topic is tracked; anything else is in the caches (a recheck's failure leaves
+        # the negative entry as it was).
+        if self._lookups.get(topic) is not task:
+            return
+        reported = (
+            not recheck
+            and not task.cancelled()
+            and task.result() is not None
+            and topic in self._used
+        )
+        if not reported:
             del self._lookups[topic]
 
     async def _metadata_for(self, topic: str, *, recheck: bool) -> BaseException | None:
@@ -215,9 +274,7 @@ class TopicCatalog:
                             "no metadata from the broker"
                         )
                         return unreachable
-                    if topic not in self._missing:
-                        log.warning("topic does not exist", extra={"topic": topic})
-                    self._missing[topic] = time.monotonic()
+                    self._note_missing(topic)
                     return None
                 await asyncio.sleep(_METADATA_ROUND_S)
         except Exception as exc:  # reported to the submission that asks next

@@ -87,6 +87,52 @@ async def test_a_busy_connection_is_not_evicted_for_an_idle_one(database_url: st
         assert data.startswith(b"HTTP/1.1 200 ")
 
 
+OVERSIZED = b"GET /livez HTTP/1.1\r\nHost: t\r\nX-Pad: " + b"a" * 9000 + b"\r\n\r\n"
+
+
+async def answered_then_silent(address: tuple[str, int]) -> asyncio.StreamWriter:
+    """A connection that sent an oversized request, read its 400, and neither sends nor
+    closes: the client of the review's linger flood, one at a time."""
+    reader, writer = await asyncio.open_connection(*address)
+    writer.write(OVERSIZED)
+    await writer.drain()
+    async with asyncio.timeout(PROMPT_S):
+        head = await reader.readuntil(b"\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ")
+    return writer
+
+
+async def test_answered_connections_do_not_keep_probes_out(database_url: str) -> None:
+    # Every slot is held by a client that got its 400 and went silent: they are answered,
+    # so they make room for a probe rather than have it refused.
+    async with running(database_url, http_max_connections=4) as sidecar:
+        silent = [await answered_then_silent(sidecar.address) for _ in range(4)]
+        try:
+            assert_prompt_ok(*await timed_livez(sidecar.address))
+            assert_prompt_ok(*await timed_livez(sidecar.address))
+        finally:
+            for writer in silent:
+                writer.close()
+
+
+async def test_an_answered_connection_is_evicted_before_a_waiting_one(database_url: str) -> None:
+    # A connection still waiting for its request may be a slow probe; one already answered
+    # cannot be, so it is the one to make room.
+    async with running(database_url, http_max_connections=2) as sidecar:
+        reader, writer = await asyncio.open_connection(*sidecar.address)
+        silent = await answered_then_silent(sidecar.address)
+        try:
+            assert_prompt_ok(*await timed_livez(sidecar.address))
+            writer.write(b"GET /livez HTTP/1.1\r\nHost: t\r\n\r\n")
+            await writer.drain()
+            async with asyncio.timeout(PROMPT_S):
+                data = await reader.read()
+            assert data.startswith(b"HTTP/1.1 200 ")
+        finally:
+            writer.close()
+            silent.close()
+
+
 async def test_livez_is_prompt_under_a_connection_flood(database_url: str) -> None:
     async with running(database_url) as sidecar:
         address = sidecar.address

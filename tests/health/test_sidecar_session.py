@@ -31,6 +31,7 @@ from health.families.completion_tracker import (
 from health.families.outbox import OUTBOX_PROBE
 from health.families.relay import RELAY_PROBE
 from health.families.scoring_jobs import SCORING_JOBS_PROBE
+from health.notify_queue import QUEUE_USAGE
 from health.sidecar import SIDECAR_SESSION_SETTINGS, HealthSidecar
 from pgconnect import connection_options
 from tests.health.conftest import (
@@ -195,8 +196,9 @@ async def test_steady_state_evaluation_sends_only_its_statements(
     assert "BEGIN" not in words and "COMMIT" not in words, statements
     assert not [s for s in statements if "RESET ALL" in s or "UNLISTEN" in s], statements
     # outbox, scoring_jobs, relay, the completion horizon and the incremental check (not
-    # the full check it falls back to)
-    assert len(statements) == 5, statements
+    # the full check it falls back to), and the NOTIFY queue's usage
+    assert len(statements) == 6, statements
+    assert statements.count(QUEUE_USAGE) == 1, statements
     assert statements.count(COMPLETION_HORIZON) == 1, statements
     assert (
         sum(s in (COMPLETION_INCREMENT, COMPLETION_INCREMENT_WITH_REMEMBERED) for s in statements)

@@ -120,6 +120,12 @@ def _lock_holders(rows: Rows, s: Scene) -> None:
     assert s.locker_pid in {r["pid"] for r in rows}
 
 
+def _sessions_in_a_transaction(rows: Rows, s: Scene) -> None:
+    # Every session of the server in a transaction shows: the queue is the cluster's.
+    assert s.locker_pid in {r["pid"] for r in rows}
+    assert [r["xact_start"] for r in rows] == sorted(r["xact_start"] for r in rows)
+
+
 # Keyed by each query's first comment line, so a reordered runbook keeps its checks.
 EXPECTED: dict[str, Callable[[Rows, Scene], None]] = {
     "Quarantined events by cause: what broke, where, since when.": _quarantined_by_cause,
@@ -145,6 +151,9 @@ EXPECTED: dict[str, Callable[[Rows, Scene], None]] = {
     "Ready rows by lane (the relay's own rule), oldest first.": _ready_by_lane,
     "Transactions holding a lock on outbox, oldest first (pid and start only; add `query`": (
         _lock_holders
+    ),
+    "Sessions in a transaction, oldest first: the one that holds the NOTIFY queue is among them.": (
+        _sessions_in_a_transaction
     ),
 }
 

@@ -240,3 +240,122 @@ async def test_the_topics_the_relay_tracks_are_bounded(
     assert catalog.tracked == 3
     assert {f"{topic_namespace}.t{n}" for n in range(2)}.isdisjoint(tracked)
     assert {f"{topic_namespace}.t{n}" for n in range(2, 5)} <= tracked
+
+
+def _colliding_names(base: str, count: int) -> list[str]:
+    """``count`` valid topic names that collide with ``base`` (the broker maps '.' and '_'
+    to the same metric name, so it refuses to create any of them): ``base`` with a
+    different subset of its underscores written as dots."""
+    parts = base.split("_")
+    names = []
+    for mask in range(1, 2 ** (len(parts) - 1)):
+        name = parts[0]
+        for i, part in enumerate(parts[1:]):
+            name += ("." if mask >> i & 1 else "_") + part
+        names.append(name)
+    assert len(names) >= count
+    return names[:count]
+
+
+# Where the rows of the missing topics stand, by cause and quarantine.
+_MISSING_STATE = """
+SELECT last_error_class, quarantined_at IS NOT NULL, count(*)
+FROM outbox WHERE aggregatetype = 'lost' GROUP BY 1, 2 ORDER BY 1, 2
+"""
+
+
+async def test_rows_over_more_missing_topics_than_are_tracked_end_as_unknown_topic(
+    db: asyncpg.Connection, database_url: str, kafka_bootstrap: str, topic_namespace: str
+) -> None:
+    # Writers choose topics. Rows spread over more missing topics than the catalog tracks
+    # must still be quarantined as unknown_topic after their attempts: the broker's "no
+    # such topic" is kept apart from the tracked topics, not forgotten with them.
+    import relay.topics
+
+    count = 2 * relay.topics.MAX_TRACKED_TOPICS
+    base = f"{topic_namespace}_c_c_c_c_c_c_c_c_c_c_c"
+    await _create_topics(kafka_bootstrap, [NewTopic(base, 1, 1)])
+    missing = _colliding_names(base, count)
+    await db.executemany(
+        "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, topic) "
+        "VALUES ('lost', $1, 't', '{}', $2)",
+        [(f"lost-{n}", topic) for n, topic in enumerate(missing)],
+    )
+    # The default send timeout: how long a first lookup watches the broker answer
+    # without the topic before it is taken as missing.
+    config = fast_config(
+        database_url,
+        kafka_bootstrap,
+        topic_namespace,
+        max_attempts=3,
+        send_timeout_ms=5_000,
+        lease_ttl_ms=12_000,
+    )
+    async with running_relay(config) as running:
+        try:
+            await wait_until(
+                lambda: db.fetchval(
+                    "SELECT count(*) = $1 FROM outbox WHERE aggregatetype = 'lost' "
+                    "AND quarantined_at IS NOT NULL AND last_error_class = 'unknown_topic'",
+                    count,
+                ),
+                timeout=90,
+                what=f"{count} events quarantined as unknown_topic",
+            )
+        except AssertionError:
+            state = [tuple(r) for r in await db.fetch(_MISSING_STATE)]
+            raise AssertionError(f"rows of the missing topics: {state}") from None
+        assert running.metric("outbox_relay_quarantined_events_total") == count
+    assert await db.fetchval("SELECT count(*) FROM outbox_receipt") == 0
+
+
+async def test_negative_entries_are_bounded_apart_from_the_tracked_topics_and_expire(
+    kafka_bootstrap: str, topic_namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    import relay.topics
+    from relay.config import RelayConfig
+    from relay.errors import TopicLookupPending, TopicNotFound
+    from relay.topics import TopicCatalog
+
+    monkeypatch.setattr(relay.topics, "MAX_TRACKED_TOPICS", 2)
+    monkeypatch.setattr(relay.topics, "MAX_MISSING_TOPICS", 3)
+    monkeypatch.setattr(relay.topics, "FIRST_LOOKUP_WAIT_S", 0.1)
+    base = f"{topic_namespace}_c_c_c"
+    await _create_topics(kafka_bootstrap, [NewTopic(base, 1, 1)])
+    names = _colliding_names(base, 4)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    config = RelayConfig(database_url=None, kafka_bootstrap=kafka_bootstrap, send_timeout_ms=1_000)
+    catalog = TopicCatalog(config)
+    catalog.attach(producer)
+
+    async def answer(topic: str) -> object:
+        return (await catalog.resolve([topic]))[topic]
+
+    async def found_missing(topic: str) -> None:
+        # The first lookup watches the broker answer without it for a send timeout.
+        assert isinstance(await answer(topic), TopicLookupPending)
+        deadline = time.monotonic() + 10
+        while not isinstance(await answer(topic), TopicNotFound):
+            assert time.monotonic() < deadline, f"{topic} never found missing"
+            await asyncio.sleep(0.1)
+
+    try:
+        for topic in names[:3]:
+            await found_missing(topic)
+        # Three negative entries outlive their topics' place among the two tracked: the
+        # first topic's rows are unknown_topic at once, not another lookup.
+        assert (catalog.tracked, catalog.missing) == (2, 3)
+        assert isinstance(await answer(names[0]), TopicNotFound)
+        # A fourth pushes out the entry the broker confirmed longest ago.
+        await found_missing(names[3])
+        assert catalog.missing == 3
+        # An entry the broker has not confirmed within its time to live stands no more:
+        # the topic is looked up again before its rows are counted as failing.
+        monkeypatch.setattr(relay.topics, "MISSING_TTL_S", 0.0)
+        assert isinstance(await answer(names[3]), TopicLookupPending)
+    finally:
+        await catalog.close()
+        await producer.stop()
