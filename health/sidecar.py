@@ -149,7 +149,7 @@ class HealthSidecar:
         # None once it held it: a migration level does not go back.
         self._schema_needs: SchemaNeeds | None = schema.NEEDS
         self._schema_said = ShortfallLog()
-        self._schema_behind = False
+        self._schema_behind: str | None = None  # what the schema lacks, while it does
         # The status page's chart: aggregates of the last minutes, in memory only.
         # The in-process relay's published-events counter, read at each evaluation for the
         # status page's publish rate; None without a relay in this process.
@@ -280,11 +280,16 @@ class HealthSidecar:
 
     def _schema_state(self, report: HealthReport) -> None:
         """Say what the schema lacks (once, and again at most once a minute while it lasts);
-        stop checking once an evaluation got past the check."""
+        stop checking once an evaluation got past the check. An evaluation that reached
+        neither (the database unreachable) changes nothing."""
+        if self._schema_needs is None:
+            return
         behind = next(
             (r.reasons[1] for r in report.families if r.reasons[:1] == (SCHEMA_BEHIND,)), None
         )
-        self._schema_behind = behind is not None
+        if behind is None and all(r.evidence is None for r in report.families):
+            return
+        self._schema_behind = behind
         if self._schema_said.due(behind):
             if behind is None:
                 logger.info("health schema ready; the families are probed")
@@ -292,7 +297,7 @@ class HealthSidecar:
                 logger.warning(
                     "health %s: %s; every family is unknown until then", SCHEMA_BEHIND, behind
                 )
-        if behind is None and any(r.evidence is not None for r in report.families):
+        if behind is None:
             self._schema_needs = None
 
     def _still_starting(self) -> bool:
@@ -341,7 +346,7 @@ class HealthSidecar:
         for result in report.families:
             if result.evidence is None:
                 self._counters.probe_failures[result.family] += 1
-            if self._database_problem is not None or self._schema_behind:
+            if self._database_problem is not None or self._schema_behind is not None:
                 continue  # one line says it for every family (_database_state, _schema_state)
             if self._logged.get(result.family) is not result.classification:
                 self._logged[result.family] = result.classification
@@ -384,11 +389,9 @@ class HealthSidecar:
         return ticking and (self._relay is None or self._relay.live())
 
     def ready(self) -> bool:
-        """The relay can work and every readiness-gating family is within bounds."""
-        report = self.report()
-        if report is None or report.readiness is not Classification.WITHIN_BOUNDS:
-            return False
-        return self._relay is None or self._relay.ready()
+        """The relay can work, the schema holds what the probes read, and every
+        readiness-gating family is within bounds."""
+        return not self._not_ready_causes(self.report())
 
     async def _handle(self, request: Request) -> Response:
         if request.path == "/livez":
@@ -433,6 +436,9 @@ class HealthSidecar:
         if self._relay is not None and not self._relay.ready():
             waiting = self._relay.waiting_for()
             causes.append(f"relay not ready ({waiting})" if waiting else "relay not ready")
+        if self._schema_behind is not None:
+            # Whatever the families gate: a process below its schema does not work.
+            causes.append(f"{SCHEMA_BEHIND} ({self._schema_behind})")
         if report is None:
             causes.append("no health evaluation yet")
         elif report.readiness is not Classification.WITHIN_BOUNDS:

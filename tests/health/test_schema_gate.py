@@ -12,6 +12,7 @@ import asyncpg
 import pytest
 
 from contracts.health import Classification
+from contracts.policy import OutboxPolicy
 from health import schema
 from migrations.runner import apply, load_migrations
 from pgconnect.schema import SCHEMA_BEHIND
@@ -87,3 +88,29 @@ async def test_a_sidecar_below_its_level_is_unknown_then_probes_once_migrated(
     ]
     # One line for every family, not one per family.
     assert not [r for r in caplog.records if r.getMessage().startswith("health outbox is unknown")]
+
+
+async def test_a_sidecar_below_its_level_is_unready_even_when_no_family_gates_readiness(
+    empty_database_url: str,
+) -> None:
+    # deploy/'s policy gates no family: readiness then hangs on the schema alone.
+    await _migrate(empty_database_url, schema.MIGRATION)
+    outbox = OutboxPolicy(
+        max_pending_count=1000,
+        max_pending_age_ms=3_600_000,
+        max_quarantined_count=10,
+        gates_readiness=False,
+    )
+    policy = loose_policy(outbox=outbox, scoring_jobs=None, completion_outbox=None)
+    async with running(empty_database_url, policy) as sidecar:
+        readyz = await get(sidecar.address, "/readyz")
+        assert readyz.status == 503
+        assert f"{SCHEMA_BEHIND} (the database lacks migration {schema.MIGRATION:04d}" in (
+            readyz.text
+        )
+        assert (await get(sidecar.address, "/health")).status == 503
+        await _migrate(empty_database_url, 10_000)
+        async with asyncio.timeout(5):
+            while (await get(sidecar.address, "/readyz")).status != 200:
+                await sidecar.next_report()
+        assert (await get(sidecar.address, "/health")).status == 200
