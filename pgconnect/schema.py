@@ -170,19 +170,22 @@ SAY_AGAIN_AFTER_S: Final = 60.0
 
 
 class ShortfallLog:
-    """Decides when a shortfall is said: when it first appears or changes, and again at
-    most once every :data:`SAY_AGAIN_AFTER_S` while it lasts."""
+    """Decides when a shortfall is said: when it appears, again at most once every
+    :data:`SAY_AGAIN_AFTER_S` while it lasts (as it is then: a migration under way changes
+    it from one file to the next), and once when it is over."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._said: str | None = None
+        self._saying = False
         self._at = 0.0
 
     def due(self, shortfall: Shortfall | str | None) -> bool:
-        """Whether to say ``shortfall`` now (None: it is over; said once, if one was said)."""
-        text = None if shortfall is None else str(shortfall)
+        """Whether to say ``shortfall`` now (None: nothing is missing)."""
         now = self._clock()
-        if text == self._said and (text is None or now - self._at < SAY_AGAIN_AFTER_S):
+        if shortfall is None:
+            was, self._saying = self._saying, False
+            return was
+        if self._saying and now - self._at < SAY_AGAIN_AFTER_S:
             return False
-        self._said, self._at = text, now
+        self._saying, self._at = True, now
         return True
