@@ -287,7 +287,8 @@ async def test_a_rolling_upgrade_under_load_loses_nothing_and_keeps_each_keys_or
     admin = await asyncpg.connect(url)
     conns = [await asyncpg.connect(url) for _ in range(WRITERS)]
     writers = Writers(conns, topic_namespace)
-    watch = HealthWatch(admin)
+    # A connection of its own: it reads while the test's flow uses `admin`.
+    watch = HealthWatch(await asyncpg.connect(url))
     try:
         before = await admin.fetchval(_LEVEL)
         assert before < new.relay_level, "no migration between the releases that the new code reads"
@@ -334,7 +335,7 @@ async def test_a_rolling_upgrade_under_load_loses_nothing_and_keeps_each_keys_or
         after = await admin.fetchval(_LEVEL)
     finally:
         writers.stop.set()
-        for conn in [admin, *conns]:
+        for conn in [admin, watch.admin, *conns]:
             await conn.close()
 
     committed = writers.committed()
