@@ -20,7 +20,7 @@ SERVICES_DOWN := $(if $(wildcard $(VPY)),$(VPY),"$(PYTHON)") -m scripts.services
 ENV_FILE := .services/env
 PYTEST_ARGS ?=
 
-.PHONY: help venv lock services-up services-down services-status services-env services-purge lint check test demo bench soak
+.PHONY: help venv lock services-up services-down services-status services-env services-purge lint check test demo bench soak release
 
 help: ## this list, from the comment after each target's rule
 	@awk -F ':.*## ' '/^[a-z][a-z-]*:.*## / { printf "  %-16s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -127,3 +127,17 @@ SOAK_SECONDS ?= 600
 SOAK_SEED ?=
 soak: venv ## the system under a seeded fault schedule on services of its own, then the audit
 	$(VPY) -m tests.soak.run --seconds $(SOAK_SECONDS) $(if $(SOAK_SEED),--seed $(SOAK_SEED)) --report docs
+
+# Cuts release VERSION (docs/development.md, "Releases"): checks that it can be cut and writes
+# the version into every copy and the CHANGELOG's section for it (uncommitted), runs the
+# upgrade test from the previous release (release/previous.toml) and the rollout test with
+# make test (services included), then commits, tags vVERSION and records it as the previous
+# release. Nothing is pushed. A failed test leaves the prepared changes in the tree.
+VERSION ?=
+RELEASE_TESTS := tests/upgrade tests/deploy/test_rollout.py
+release: venv ## cut release VERSION=X.Y.Z: write it, run the upgrade test, commit and tag (no push)
+	@if [ -z "$(VERSION)" ]; then echo "make release: VERSION=X.Y.Z is required" >&2; exit 2; fi
+	$(VPY) -m scripts.release prepare $(VERSION)
+	@$(MAKE) --no-print-directory test PYTEST_ARGS='$(RELEASE_TESTS)' || { \
+		echo "make release: the upgrade test failed; nothing was committed or tagged (git checkout -- . undoes the prepared changes)" >&2; exit 1; }
+	$(VPY) -m scripts.release tag $(VERSION)

@@ -9,6 +9,7 @@ import asyncpg
 from contracts import __version__
 from contracts.health import Classification, HealthReport
 from contracts.policy import Policy
+from health import schema
 from health.evaluate import evaluate, unknown_report
 from health.probing import CONNECT_ERRORS, connect_failure
 from health.render import STATUS_WIDTH, encode_json, health_document, status_table
@@ -61,7 +62,9 @@ async def evaluate_once(
     except CONNECT_ERRORS as exc:
         return unknown_report(policy, connect_failure(exc))
     try:
-        report = await evaluate(conn, policy, receipt_retention_ms=receipt_retention_ms)
+        report = await evaluate(
+            conn, policy, receipt_retention_ms=receipt_retention_ms, schema=schema.NEEDS
+        )
         if warn_schema_creators:
             await _warn_if_others_may_create(conn)
         return report

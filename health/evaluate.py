@@ -12,8 +12,10 @@ from health.errors import ProbeFailure
 from health.families import REGISTRY
 from health.families.base import ProbeContext
 from health.families.completion_tracker import CompletionTracker
-from health.probing import CONNECT_ERRORS, connect_failure
+from health.probing import CONNECT_ERRORS, connect_failure, probe_failure
 from health.rules import build_report
+from pgconnect import DB_ERRORS
+from pgconnect.schema import SCHEMA_BEHIND, SchemaNeeds, read_shortfall
 
 
 def _now_unix_ms() -> int:
@@ -25,13 +27,14 @@ def _gates(policy: Policy, family: Family) -> bool:
     return section is not None and section.gates_readiness
 
 
-def unknown_report(policy: Policy, reason: str) -> HealthReport:
-    """Every enabled family unknown for one reason (database unreachable, evaluation timed out)."""
+def unknown_report(policy: Policy, *reasons: str) -> HealthReport:
+    """Every enabled family unknown for one reason (database unreachable, evaluation timed
+    out, the schema behind what the probes read)."""
     results = [
         FamilyResult(
             family=family,
             classification=Classification.UNKNOWN,
-            reasons=(reason,),
+            reasons=reasons,
             gates_readiness=_gates(policy, family),
             evidence=None,
         )
@@ -51,12 +54,22 @@ async def evaluate_connection(
     *,
     receipt_retention_ms: int | None,
     completion: CompletionTracker | None = None,
+    schema: SchemaNeeds | None = None,
 ) -> HealthReport:
     """Probe every enabled family on one connection; a failed probe makes only its family unknown.
 
     With ``completion`` (the sidecar's tracker) ``completion_outbox`` is checked
     incrementally; without it (``check``, ``status``) the whole look-back window is checked.
+    With ``schema``, a database below it is no probe's business: every family is unknown,
+    :data:`~pgconnect.schema.SCHEMA_BEHIND` and what is missing.
     """
+    if schema is not None:
+        try:
+            shortfall = await read_shortfall(conn, schema)
+        except DB_ERRORS as exc:
+            return unknown_report(policy, probe_failure(exc).reason)
+        if shortfall is not None:
+            return unknown_report(policy, SCHEMA_BEHIND, str(shortfall))
     context = ProbeContext(receipt_retention_ms=receipt_retention_ms, completion=completion)
     results = []
     for family in policy.enabled_families():
@@ -87,15 +100,24 @@ async def evaluate(
     *,
     receipt_retention_ms: int | None,
     completion: CompletionTracker | None = None,
+    schema: SchemaNeeds | None = None,
 ) -> HealthReport:
     """One full evaluation on a connection or a pool; an unreachable database is all-unknown."""
     if isinstance(source, asyncpg.Pool):
         report, _unreachable = await evaluate_pool(
-            source, policy, receipt_retention_ms=receipt_retention_ms, completion=completion
+            source,
+            policy,
+            receipt_retention_ms=receipt_retention_ms,
+            completion=completion,
+            schema=schema,
         )
         return report
     return await evaluate_connection(
-        source, policy, receipt_retention_ms=receipt_retention_ms, completion=completion
+        source,
+        policy,
+        receipt_retention_ms=receipt_retention_ms,
+        completion=completion,
+        schema=schema,
     )
 
 
@@ -105,6 +127,7 @@ async def evaluate_pool(
     *,
     receipt_retention_ms: int | None,
     completion: CompletionTracker | None = None,
+    schema: SchemaNeeds | None = None,
 ) -> tuple[HealthReport, str | None]:
     """One evaluation on a pool connection, and why no connection could be had (else None)."""
     if not policy.enabled_families():
@@ -113,7 +136,11 @@ async def evaluate_pool(
     try:
         async with pool.acquire() as conn:
             report = await evaluate_connection(
-                conn, policy, receipt_retention_ms=receipt_retention_ms, completion=completion
+                conn,
+                policy,
+                receipt_retention_ms=receipt_retention_ms,
+                completion=completion,
+                schema=schema,
             )
     except CONNECT_ERRORS as exc:
         if completion is not None:

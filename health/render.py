@@ -66,23 +66,43 @@ def _check_status(result: FamilyResult) -> str:
 
 
 def health_document(
-    report: HealthReport | None, *, release: str, policy: Policy | None = None
+    report: HealthReport | None,
+    *,
+    release: str,
+    policy: Policy | None = None,
+    not_ready: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The ``application/health+json`` document (draft-inadarei-api-health-check).
 
     With ``policy``, a measurement held to a bound carries it as ``bound`` and ``boundName``
-    (the policy field), so a reader sees the observation next to its limit.
+    (the policy field), so a reader sees the observation next to its limit. A running
+    process gives why it is not ready (``not_ready``, empty when it is): the status is
+    ``fail`` exactly when that is not empty, and the check ``process:ready`` says it.
     """
+    status = report_status(report)
+    if not_ready is not None:
+        status = "fail" if not_ready else ("warn" if status == "warn" else "pass")
     document: dict[str, Any] = {
-        "status": report_status(report),
+        "status": status,
         "version": release.split(".", 1)[0],
         "releaseId": release,
         "serviceId": SERVICE_ID,
         "description": "transactional outbox relay and scoring-queue health",
     }
+    checks: dict[str, list[dict[str, Any]]] = {}
+    if not_ready is not None:
+        checks["process:ready"] = [
+            {
+                "componentId": "process",
+                "componentType": "system",
+                "observedValue": not not_ready,
+                "status": "fail" if not_ready else "pass",
+                **({"output": "; ".join(not_ready)} if not_ready else {}),
+            }
+        ]
     if report is None:
         document["output"] = "no evaluation has completed yet"
-        document["checks"] = {}
+        document["checks"] = checks
         return document
     document["classification"] = report.classification.value
     document["readiness"] = report.readiness.value
@@ -92,7 +112,8 @@ def health_document(
             for r in report.families
             if r.classification is not Classification.WITHIN_BOUNDS
         )
-    checks: dict[str, list[dict[str, Any]]] = {}
+    elif not_ready:
+        document["output"] = "; ".join(not_ready)
     for result in report.families:
         family = result.family.value
         observed = result.evidence.observed_at_unix_ms if result.evidence else None

@@ -24,6 +24,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from contracts import __version__
 from contracts.health import Classification, HealthReport
 from contracts.policy import Family, Policy
+from health import schema
 from health.errors import HealthSettingError
 from health.evaluate import evaluate_pool, reissue, unknown_report
 from health.families.completion_tracker import RECHECK_PERIOD_MS, CompletionTracker
@@ -33,9 +34,10 @@ from health.http import HTTPServer, Request, Response, problem
 from health.metrics import HealthCollector, HealthCounters
 from health.notify_queue import read_queue_usage
 from health.probing import CONNECT_ERRORS, NOT_MIGRATED
-from health.render import encode_json, health_document, report_status, status_page
+from health.render import encode_json, health_document, status_page
 from health.rules import mark_stale
 from pgconnect import pool_options
+from pgconnect.schema import SCHEMA_BEHIND, SchemaNeeds, ShortfallLog
 
 logger = logging.getLogger("health")
 
@@ -93,6 +95,10 @@ class RelayProbe(Protocol):
         """
         ...
 
+    def waiting_for(self) -> str | None:
+        """What the database lacks before the relay may start (None: nothing): one line."""
+        ...
+
 
 class HealthSidecar:
     """Evaluates health every ``policy.evaluation.interval_ms`` and serves it until cancelled."""
@@ -147,6 +153,11 @@ class HealthSidecar:
             session_plans=not transaction_pooler,
         )
         self._last: tuple[HealthReport, float] | None = None
+        # What the database must hold before the families are probed (health/schema.py);
+        # None once it held it: a migration level does not go back.
+        self._schema_needs: SchemaNeeds | None = schema.NEEDS
+        self._schema_said = ShortfallLog()
+        self._schema_behind: str | None = None  # what the schema lacks, while it does
         # The status page's chart: aggregates of the last minutes, in memory only.
         # The in-process relay's published-events counter, read at each evaluation for the
         # status page's publish rate; None without a relay in this process.
@@ -258,9 +269,11 @@ class HealthSidecar:
                     self._policy,
                     receipt_retention_ms=self._receipt_retention_ms,
                     completion=self._completion,
+                    schema=self._schema_needs,
                 )
         except TimeoutError:
             report = unknown_report(self._policy, "evaluation timed out")
+        self._schema_state(report)
         if self._still_starting():
             report = while_starting(report)
         if any(result.evidence is None for result in report.families):
@@ -284,6 +297,28 @@ class HealthSidecar:
                 return await read_queue_usage(conn)
         except CONNECT_ERRORS:
             return None
+
+    def _schema_state(self, report: HealthReport) -> None:
+        """Say what the schema lacks (once, and again at most once a minute while it lasts);
+        stop checking once an evaluation got past the check. An evaluation that reached
+        neither (the database unreachable) changes nothing."""
+        if self._schema_needs is None:
+            return
+        behind = next(
+            (r.reasons[1] for r in report.families if r.reasons[:1] == (SCHEMA_BEHIND,)), None
+        )
+        if behind is None and all(r.evidence is None for r in report.families):
+            return
+        self._schema_behind = behind
+        if self._schema_said.due(behind):
+            if behind is None:
+                logger.info("health schema ready; the families are probed")
+            else:
+                logger.warning(
+                    "health %s: %s; every family is unknown until then", SCHEMA_BEHIND, behind
+                )
+        if behind is None:
+            self._schema_needs = None
 
     def _still_starting(self) -> bool:
         """Whether the in-process relay has yet to have its first chance to claim lanes."""
@@ -331,8 +366,8 @@ class HealthSidecar:
         for result in report.families:
             if result.evidence is None:
                 self._counters.probe_failures[result.family] += 1
-            if self._database_problem is not None:
-                continue  # one line says it for every family (see _database_state)
+            if self._database_problem is not None or self._schema_behind is not None:
+                continue  # one line says it for every family (_database_state, _schema_state)
             if self._logged.get(result.family) is not result.classification:
                 self._logged[result.family] = result.classification
                 # Reasons carry field names and numbers only, never identities.
@@ -374,11 +409,9 @@ class HealthSidecar:
         return ticking and (self._relay is None or self._relay.live())
 
     def ready(self) -> bool:
-        """The relay can work and every readiness-gating family is within bounds."""
-        report = self.report()
-        if report is None or report.readiness is not Classification.WITHIN_BOUNDS:
-            return False
-        return self._relay is None or self._relay.ready()
+        """The relay can work, the schema holds what the probes read, and every
+        readiness-gating family is within bounds."""
+        return not self._not_ready_causes(self.report())
 
     async def _handle(self, request: Request) -> Response:
         if request.path == "/livez":
@@ -389,9 +422,12 @@ class HealthSidecar:
             return self._readyz()
         if request.path == "/health":
             report = self.report()
-            document = health_document(report, release=__version__, policy=self._policy)
-            status = 503 if report_status(report) == "fail" else 200
-            return Response(status, HEALTH_JSON, encode_json(document))
+            # fail exactly when /readyz says 503, whatever this process runs
+            causes = self._not_ready_causes(report)
+            document = health_document(
+                report, release=__version__, policy=self._policy, not_ready=causes
+            )
+            return Response(503 if causes else 200, HEALTH_JSON, encode_json(document))
         if request.path == "/metrics":
             return Response(200, CONTENT_TYPE_LATEST, generate_latest(self._registry))
         if request.path == "/":
@@ -409,18 +445,26 @@ class HealthSidecar:
         return problem(404, "unknown path; see /, /livez, /readyz, /health, /metrics")
 
     def _readyz(self) -> Response:
-        if self.ready():
+        causes = self._not_ready_causes(self.report())
+        if not causes:
             return Response(200, _TEXT, b"ready\n")
+        return problem(503, "not ready: " + ", ".join(causes))
+
+    def _not_ready_causes(self, report: HealthReport | None) -> list[str]:
+        """Why this process is not ready, one phrase each; empty exactly when :meth:`ready`."""
         causes = []
         if self._relay is not None and not self._relay.ready():
-            causes.append("relay not ready")
-        report = self.report()
+            waiting = self._relay.waiting_for()
+            causes.append(f"relay not ready ({waiting})" if waiting else "relay not ready")
+        if self._schema_behind is not None:
+            # Whatever the families gate: a process below its schema does not work.
+            causes.append(f"{SCHEMA_BEHIND} ({self._schema_behind})")
         if report is None:
             causes.append("no health evaluation yet")
-        else:
+        elif report.readiness is not Classification.WITHIN_BOUNDS:
             causes.extend(
                 f"{r.family.value} {r.classification.value}"
                 for r in report.families
                 if r.gates_readiness and r.classification is not Classification.WITHIN_BOUNDS
             )
-        return problem(503, "not ready: " + ", ".join(causes))
+        return causes

@@ -137,9 +137,10 @@ TABLES: Final[Mapping[str, Mapping[str, Access]]] = {
         WRITER: _access("SELECT", update=_JOB_TRANSITION_COLUMNS),
         SIDECAR: _access("SELECT"),
     },
-    # Written by `migrate` only, which runs as the schema owner. `redrive` reads it to
-    # refuse a schema that is not migrated before it changes anything.
-    "outbox_relay_migration": {RELAY: _access("SELECT")},
+    # Written by `migrate` only, which runs as the schema owner. The relay and the sidecar
+    # read the migration level before they start (relay/schema.py, health/schema.py), and
+    # `redrive` to refuse a schema that is not migrated before it changes anything.
+    "outbox_relay_migration": {RELAY: _access("SELECT"), SIDECAR: _access("SELECT")},
 }
 
 # sequence → part → privileges. The outbox's identity sequence: an insert draws from it

@@ -34,7 +34,9 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from contracts.errors import DatabaseUnavailable
 from contracts.unexpected import log_unexpected, raised_at
-from pgconnect import DB_ERRORS, unavailable_cause
+from pgconnect import DB_ERRORS, pooled, unavailable_cause
+from pgconnect.schema import SchemaNeeds, ShortfallLog, read_shortfall
+from relay import schema
 from relay.config import RelayConfig
 from relay.errors import RecordRejected, RelayError, Stopped
 from relay.housekeeping import OBSERVE_EVERY_MS, Housekeeping, run_rounds
@@ -93,6 +95,7 @@ _LEAVE_FLOOR_S = 0.1
 _CONCURRENT_RECORDS = 2
 _IDLE_TICK_MS = 1_000  # an idle loop still shows it is alive this often
 _DATABASE_RETRY_CAP_MS = 30_000  # the longest wait between two tries to reach the database
+_SCHEMA_POLL_S = 1.0  # how often a relay waiting for its schema looks again
 
 
 @dataclass
@@ -165,6 +168,10 @@ class Relay:
             on_void_traceparent=metrics.void_traceparents.inc,
         )
         self._store_factory = store_factory
+        # What the database must hold before a lane is claimed (relay/schema.py), and
+        # what is missing while the relay waits for it.
+        self._schema_needs: SchemaNeeds = schema.NEEDS
+        self._waiting_for: str | None = None
         self._store: OutboxStore | None = None
         self._lanes: LaneKeeper | None = None
         self._wake = WakeUp()
@@ -204,6 +211,10 @@ class Relay:
         lanes_fresh = time.monotonic() - self._last_lane_tick_ok < self.config.lease_ttl_ms / 1000
         return self._producer.connected and lanes_fresh and self._producer.answering()
 
+    def waiting_for(self) -> str | None:
+        """What the database lacks before the relay may start its work (None: nothing)."""
+        return self._waiting_for
+
     # -- service -----------------------------------------------------------------------
     async def run(self, stop: anyio.Event) -> None:
         """Relay until ``stop`` is set, then drain in-flight work within the drain timeout."""
@@ -225,6 +236,8 @@ class Relay:
         )
         housekeeping = Housekeeping(store, config, self.metrics, self.liveness)
         try:
+            if not await self._wait_for_schema(pool, stop):
+                return
             if not await self._producer.start(stop):
                 return
             if config.transaction_pooler:
@@ -280,6 +293,39 @@ class Relay:
                 await pool.close()
             if closing.cancelled_caught:  # a server that stopped answering: just drop them
                 pool.terminate()
+
+    async def _wait_for_schema(self, pool: asyncpg.Pool, stop: anyio.Event) -> bool:
+        """Wait until the database holds the migrations and privileges the relay needs: no
+        lane is claimed and nothing is fetched before. What is missing is said once, and
+        again at most once a minute while it lasts; False if ``stop`` came first."""
+        said = ShortfallLog()
+        unreachable = ""
+        while not stop.is_set():
+            try:
+                async with pooled(pool) as conn:
+                    shortfall = await read_shortfall(conn, self._schema_needs)
+            except DB_ERRORS as exc:
+                if unavailable_cause(exc) != unreachable:
+                    unreachable = unavailable_cause(exc)
+                    log.warning(
+                        "cannot read the schema's level; retrying", extra={"cause": unreachable}
+                    )
+            else:
+                unreachable = ""
+                self._waiting_for = None if shortfall is None else str(shortfall)
+                if said.due(shortfall):
+                    if shortfall is None:
+                        log.info("schema ready; the relay starts")
+                    else:
+                        log.warning(
+                            "the relay waits for its schema: it claims no lane until then",
+                            extra={"cause": self._waiting_for},
+                        )
+                if shortfall is None:
+                    return True
+            with anyio.move_on_after(_SCHEMA_POLL_S):
+                await stop.wait()
+        return False
 
     async def _check_role_settings(self, store: OutboxStore) -> None:
         """Behind a transaction pooler the planner settings come from the relay's role:

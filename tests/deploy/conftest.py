@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from contracts import __version__
 from tests.support.services import REQUIRED
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,6 +71,14 @@ def kustomize() -> str:
     if built.returncode != 0 or _version_of(str(here)) != KUSTOMIZE_VERSION:
         _unavailable(f"go install failed: {built.stderr[-2000:]}")
     return str(here)
+
+
+def migrate_job_name(version: str = __version__) -> str:
+    """The migration Job of a release: one per release, named for its version."""
+    return f"outbox-relay-migrate-{version.replace('.', '-')}"
+
+
+MIGRATE_JOB = migrate_job_name()
 
 
 def render(kustomize: str, directory: Path) -> list[dict[str, Any]]:

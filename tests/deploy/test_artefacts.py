@@ -21,6 +21,7 @@ from relay.config import RelayConfig
 from tests.deploy.conftest import (
     DEPLOY,
     EXAMPLE,
+    MIGRATE_JOB,
     REPO,
     Instruction,
     compose_services,
@@ -130,12 +131,12 @@ def test_every_pod_is_hardened_and_under_its_own_role(
     secret_keys = {
         "outbox-relay": "relay-url",
         "outbox-relay-sidecar": "sidecar-url",
-        "outbox-relay-migrate": "migrate-url",
+        MIGRATE_JOB: "migrate-url",
     }
     for kind, name in (
         ("Deployment", "outbox-relay"),
         ("Deployment", "outbox-relay-sidecar"),
-        ("Job", "outbox-relay-migrate"),
+        ("Job", MIGRATE_JOB),
     ):
         pod = _pod(one(rendered, kind, name))
         assert pod["automountServiceAccountToken"] is False
@@ -219,9 +220,19 @@ def test_the_image_runs_the_cli_as_a_numeric_user_listening_where_port_says(
     assert image["healthcheck"] == ["python", "-m", "outbox_relay.healthcheck"]
 
 
-def test_the_base_deploys_this_release() -> None:
+def test_the_base_and_the_example_overlay_deploy_this_release() -> None:
     base = yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())
     assert base["images"] == [{"name": "outbox-relay", "newTag": __version__}]
+    overlay = yaml.safe_load((EXAMPLE / "kustomization.yaml").read_text())
+    assert [image["newTag"] for image in overlay["images"]] == [__version__]
+
+
+def test_the_migration_job_is_this_releases_and_is_kept(rendered: list[dict[str, Any]]) -> None:
+    (job,) = [o for o in rendered if o["kind"] == "Job"]
+    # Named for the release, so a re-apply finds it done and the next release runs its own;
+    # kept, so a GitOps tool never runs it again after a TTL removed it.
+    assert job["metadata"]["name"] == f"outbox-relay-migrate-{__version__.replace('.', '-')}"
+    assert "ttlSecondsAfterFinished" not in job["spec"]
 
 
 def test_the_image_carries_oci_labels_and_installs_the_runtime_lock(image: dict[str, Any]) -> None:
@@ -262,7 +273,7 @@ def test_compose_runs_what_the_manifests_run_and_outlasts_the_drain(
         name: _pod(one(rendered, "Deployment", name))["containers"][0]["args"]
         for name in ("outbox-relay", "outbox-relay-sidecar")
     }
-    job = _pod(one(rendered, "Job", "outbox-relay-migrate"))
+    job = _pod(one(rendered, "Job", MIGRATE_JOB))
     assert services["migrate"]["command"] == job["initContainers"][0]["args"]
     relays = [s for s in services.values() if s.get("command") == args["outbox-relay"]]
     assert len(relays) >= 2

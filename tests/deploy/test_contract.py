@@ -27,7 +27,7 @@ import asyncpg
 import pytest
 import yaml
 
-from tests.deploy.conftest import EXAMPLE, one
+from tests.deploy.conftest import EXAMPLE, MIGRATE_JOB, one
 from tests.deploy.promql import Evaluator, Target, firing
 from tests.support.http import get
 from tests.support.ports import free_port
@@ -340,7 +340,7 @@ async def test_the_manifests_run_as_processes_and_the_kit_reads_them_once(
     roles = await _roles(admin, cluster, database)
     try:
         # The Job: each step in order, each must succeed.
-        for step in cluster.pods("Job", "outbox-relay-migrate"):
+        for step in cluster.pods("Job", MIGRATE_JOB):
             code, output = await _run(step)
             assert code == 0, (step.argv[1:], output)
         assert await admin.fetchval("SELECT count(*) FROM outbox_relay_migration") >= 5

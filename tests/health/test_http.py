@@ -184,17 +184,21 @@ async def test_non_gating_stalled_family_is_warn_and_ready(
 
 
 class FakeRelay:
-    """Stands in for the in-process relay's two flags (a pure-logic fake, no I/O)."""
+    """Stands in for the in-process relay's flags (a pure-logic fake, no I/O)."""
 
     def __init__(self) -> None:
         self.is_live = True
         self.is_ready = True
+        self.waiting: str | None = None
 
     def live(self) -> bool:
         return self.is_live
 
     def ready(self) -> bool:
         return self.is_ready
+
+    def waiting_for(self) -> str | None:
+        return self.waiting
 
 
 async def test_relay_callbacks_gate_livez_and_readyz(database_url: str) -> None:
@@ -207,6 +211,71 @@ async def test_relay_callbacks_gate_livez_and_readyz(database_url: str) -> None:
         assert json.loads(not_ready.body)["detail"] == "not ready: relay not ready"
         relay.is_live = False
         assert (await get(sidecar.address, "/livez")).status == 503
+
+
+NO_FAMILY = Policy(
+    outbox=None,
+    scoring_jobs=None,
+    completion_outbox=None,
+    relay=None,
+    evaluation=EvaluationSettings(interval_ms=100, timeout_ms=2000, max_evidence_age_ms=5000),
+)
+
+
+def _outbox(max_pending_count: int, *, gates: bool) -> Policy:
+    outbox = OutboxPolicy(
+        max_pending_count=max_pending_count,
+        max_pending_age_ms=3_600_000,
+        max_quarantined_count=0,
+        gates_readiness=gates,
+    )
+    return loose_policy(outbox=outbox)
+
+
+@pytest.mark.parametrize(
+    ("kind", "policy", "relay_ready"),
+    [
+        ("relay-only", NO_FAMILY, True),
+        ("relay-only", NO_FAMILY, False),
+        ("sidecar-only", _outbox(10, gates=True), None),
+        ("sidecar-only", _outbox(0, gates=True), None),  # a gating family stalled
+        ("sidecar-only", _outbox(0, gates=False), None),  # a non-gating one: warn, ready
+        ("both", _outbox(10, gates=True), True),
+        ("both", _outbox(10, gates=True), False),
+        ("both", _outbox(0, gates=True), True),
+        ("both", _outbox(0, gates=False), False),
+    ],
+)
+async def test_health_fails_exactly_when_readyz_is_503_for_every_process_kind(
+    db: asyncpg.Connection,
+    database_url: str,
+    kind: str,
+    policy: Policy,
+    relay_ready: bool | None,
+) -> None:
+    await insert_event(db)  # one pending event: over a max_pending_count of 0
+    relay = None
+    if relay_ready is not None:
+        relay = FakeRelay()
+        relay.is_ready = relay_ready
+        relay.waiting = None if relay_ready else "the database lacks migration 0009"
+    async with running(database_url, policy, relay=relay) as sidecar:
+        readyz = await get(sidecar.address, "/readyz")
+        health = await get(sidecar.address, "/health")
+    document = json.loads(health.body)
+    assert (readyz.status == 503) == (health.status == 503) == (document["status"] == "fail")
+    assert readyz.status == (200 if sidecar.ready() else 503)
+    (ready,) = document["checks"]["process:ready"]
+    assert ready["observedValue"] is (readyz.status == 200)
+    if relay is not None and not relay_ready:
+        assert "relay not ready (the database lacks migration 0009)" in readyz.text
+        assert "relay not ready (the database lacks migration 0009)" in ready["output"]
+    expected_ready = relay_ready is not False and (
+        policy.outbox is None
+        or policy.outbox.max_pending_count > 0
+        or not policy.outbox.gates_readiness
+    )
+    assert (readyz.status == 200) is expected_ready, kind
 
 
 async def test_stale_evidence_is_served_as_unknown(database_url: str) -> None:

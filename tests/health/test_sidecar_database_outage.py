@@ -1,6 +1,7 @@
 """The sidecar starts and serves while PostgreSQL is unreachable, refuses the password or is
 not migrated: /livez 200, /readyz 503, /health unknown with a clear reason; it retries with
-capped back-off and logs each change of the database's state once. Against the real
+capped back-off (a schema that is not migrated yet: at every evaluation) and logs each change
+of the database's state once. Against the real
 PostgreSQL, through a TCP relay the test can switch between resetting and forwarding."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 
 from contracts.policy import EvaluationSettings
 from migrations.runner import apply, load_migrations
+from pgconnect.schema import SCHEMA_BEHIND
 from tests.health.conftest import SECRET_MARK, loose_policy
 from tests.health.test_http import running
 from tests.support.http import get
@@ -218,7 +220,8 @@ async def test_unmigrated_database_says_to_migrate_then_recovers_once_migrated(
         for family in ("outbox", "scoring_jobs", "completion_outbox"):
             reasons = document["checks"][f"{family}:classification"][0]["reasons"]
             assert reasons == [
-                "a table the probe reads is missing (42P01): run `outbox-relay migrate`"
+                SCHEMA_BEHIND,
+                "the database was never migrated: run `outbox-relay migrate`",
             ]
         await asyncio.sleep(1.0)
         conn = await asyncpg.connect(empty_database_url)  # a migration job finishes
@@ -226,12 +229,16 @@ async def test_unmigrated_database_says_to_migrate_then_recovers_once_migrated(
             await apply(conn, load_migrations())
         finally:
             await conn.close()
-        await wait_for(sidecar, "within_bounds", within_s=RETRY_MAX_MS / 1000 + 3)
+        # Not backed off: a schema is looked at again on every evaluation.
+        await wait_for(sidecar, "within_bounds", within_s=1.5)
         assert (await get(sidecar.address, "/readyz")).status == 200
-    assert state_lines(caplog) == [
-        "health database is not migrated: run `outbox-relay migrate`;"
-        f" retrying with back-off up to {RETRY_MAX_MS / 1000:g} s",
-        "health database reachable again",
+    assert state_lines(caplog) == []
+    # Once when it appears (not again as the migration moves from file to file), once
+    # when it is over.
+    assert [r.getMessage() for r in caplog.records if "schema" in r.getMessage()] == [
+        f"health {SCHEMA_BEHIND}: the database was never migrated: run `outbox-relay migrate`;"
+        " every family is unknown until then",
+        "health schema ready; the families are probed",
     ]
 
 

@@ -56,6 +56,7 @@ SIDECAR = {
     "relay_lane": "SELECT",
     "relay_instance": "SELECT",
     "scoring_job_state": "SELECT",
+    "outbox_relay_migration": "SELECT",
 }
 
 # `run` without --no-relay: one process, one role, both parts.

@@ -212,10 +212,10 @@ def test_cli_unmigrated_database_is_one_line_and_exit_2(empty_database_url: str)
 async def test_a_missing_grant_is_one_line_naming_it(
     database_url: str, make_role: MakeRole
 ) -> None:
-    # Only migrate and the relay's redrive read the migration record: any other role is
+    # Only migrate, the relay and the sidecar read the migration record: any other role is
     # refused, and must be told so.
-    role = await make_role("sidecar")
-    await grant(database_url, role.name, "sidecar")
+    role = await make_role("writer")
+    await grant(database_url, role.name, "event-writer")
     done = run_cli("migrate", "--verify", "--database-url", role.url)
     assert done.returncode in (1, 2)
     (line,) = done.stderr.splitlines()
@@ -227,8 +227,8 @@ async def test_redrive_under_a_role_that_may_not_read_the_migration_record_says_
     database_url: str, make_role: MakeRole
 ) -> None:
     # redrive checks the schema first; the advice is the relay part's grant, not migrate.
-    role = await make_role("sidecar")
-    await grant(database_url, role.name, "sidecar")
+    role = await make_role("writer")
+    await grant(database_url, role.name, "event-writer")
     done = run_cli("redrive", "--all", "--dry-run", "--database-url", role.url)
     assert done.returncode == 1, done.stderr
     (line,) = done.stderr.splitlines()

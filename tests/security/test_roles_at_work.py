@@ -217,7 +217,11 @@ async def test_a_sidecar_role_without_its_grant_is_unknown_naming_the_refusal(
     assert report.classification is Classification.UNKNOWN
     text, code = await check(bare.url, loose_policy(), receipt_retention_ms=RECEIPT_RETENTION_MS)
     assert code == 3
-    assert "permission denied on a table the probe reads (42501)" in text
+    # Checked before any probe: the role may not even read the migration level.
+    assert (
+        "the sidecar's role may not read the migration level (outbox_relay_migration): "
+        "run `outbox-relay grant --to ROLE --as sidecar`"
+    ) in text
     assert bare.password not in text
 
 
@@ -263,16 +267,19 @@ async def test_a_relay_role_without_its_grant_is_unready_naming_the_refusal(
     )
     service = Service(env)
     try:
-        line = service.wait_for_line(lambda text: "database round failed" in text)
-        # 42501 is insufficient_privilege: the role lacks its grant.
-        assert json.loads(line)["cause"] == "server refused (42501)"
+        line = service.wait_for_line(lambda text: "the relay waits for its schema" in text)
+        assert json.loads(line)["cause"] == (
+            "the relay's role may not read the migration level (outbox_relay_migration): "
+            "run `outbox-relay grant --to ROLE --as relay`"
+        )
         await wait_until(lambda: service.get("/readyz")[0] == 503, what="/readyz answers 503")
+        assert not [text for text in service.lines if "database round failed" in text]
     finally:
         assert service.stop() == 0
     assert not any(bare.password in text for text in service.lines)
 
 
-async def test_a_relay_role_granted_before_it_read_the_sequence_still_delivers_and_says_so(
+async def test_a_relay_whose_role_loses_the_sequence_while_running_still_delivers_and_says_so(
     db: asyncpg.Connection,
     database_url: str,
     make_role: MakeRole,
@@ -280,14 +287,16 @@ async def test_a_relay_role_granted_before_it_read_the_sequence_still_delivers_a
     topic_namespace: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # A role granted by an older `grant`: everything but the sequence.
+    # At start the relay waits for every privilege its part is granted
+    # (tests/security/test_schema_privileges.py); one taken away later is a backstop's job.
     relay = await make_role("relay")
     await grant(database_url, relay.name, "relay")
-    await db.execute(f'REVOKE ALL ON SEQUENCE outbox_seq_seq FROM "{relay.name}"')
-    for n in range(3):
-        await db.execute(INSERT, "order", f"order-{n}", "order.placed", json.dumps({"n": n}))
     caplog.set_level("WARNING", logger="relay.engine")
-    async with running_relay(fast_config(relay.url, kafka_bootstrap, topic_namespace)):
+    async with running_relay(fast_config(relay.url, kafka_bootstrap, topic_namespace)) as running:
+        await running.holds_every_lane()
+        await db.execute(f'REVOKE ALL ON SEQUENCE outbox_seq_seq FROM "{relay.name}"')
+        for n in range(3):
+            await db.execute(INSERT, "order", f"order-{n}", "order.placed", json.dumps({"n": n}))
         await wait_until(
             lambda: db.fetchval("SELECT count(*) = 0 FROM outbox"), what="the outbox empty"
         )
@@ -305,7 +314,7 @@ async def test_a_relay_role_granted_before_it_read_the_sequence_still_delivers_a
     assert "outbox-relay grant" in said[0]
 
 
-async def test_a_relay_role_granted_before_the_template_column_still_works(
+async def test_a_relay_whose_role_loses_the_template_column_while_running_still_works(
     db: asyncpg.Connection,
     database_url: str,
     kafka_bootstrap: str,
@@ -313,15 +322,19 @@ async def test_a_relay_role_granted_before_the_template_column_still_works(
     make_role: MakeRole,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Upgraded relays start before `grant` is run again: without UPDATE on the instance's
-    topic template they still heartbeat and publish, and say once what to run."""
+    """Without UPDATE on the instance's topic template (taken away after the start, which
+    waits for it) a relay still heartbeats and publishes, and says once what to run."""
     relay = await make_role("relay")
     await grant(database_url, relay.name, "relay")
-    await db.execute(f'REVOKE UPDATE (topic_template) ON relay_instance FROM "{relay.name}"')
-    await db.execute(INSERT, "order", "order-1", "order.placed", '{"n": 1}')
     config = fast_config(relay.url, kafka_bootstrap, topic_namespace)
     with caplog.at_level(logging.WARNING, logger="relay.lanes"):
-        async with running_relay(config):
+        async with running_relay(config) as running:
+            await running.holds_every_lane()
+            await db.execute(
+                f'REVOKE UPDATE (topic_template) ON relay_instance FROM "{relay.name}"'
+            )
+            await db.execute(INSERT, "order", "order-1", "order.placed", '{"n": 1}')
             await wait_until(lambda: db.fetchval("SELECT count(*) = 0 FROM outbox"))
+            await running.holds_every_lane()  # a lane round after the revoke
     said = [r for r in caplog.records if "topic template" in r.getMessage()]
     assert len(said) == 1

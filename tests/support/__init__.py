@@ -12,7 +12,14 @@ folder's modules.
 - ``order``: writers that count each key's commits, and the per-key order check;
 - ``http``: a raw HTTP/1.1 client;
 - ``faultproxy`` and ``kafka_paths``: a TCP proxy that stalls, heals and cuts a path, and
-  the broker listeners it can sit in front of.
+  the broker listeners it can sit in front of;
+- ``running``: ``outbox-relay`` verbs as processes of some release's code (``running``,
+  ``run_verb``, ``Code``);
+- ``release``: the previous release checked out with ``git worktree``, and the next one
+  (this checkout, with a migration planted when it reads none that is new:
+  ``planted_release``);
+- ``schema_levels``: the newest migration a part's statements read, found by PostgreSQL;
+- ``migration_rules``: what a new migration must do not to hold writers up.
 
 Its own tests are the ``test_*.py`` beside them.
 """

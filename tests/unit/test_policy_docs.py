@@ -134,7 +134,7 @@ def test_operations_md_has_a_section_for_every_family() -> None:
 _FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]+)")
 _VARIABLE = re.compile(r"\b((?:OUTBOX_RELAY|KAFKA|HEALTH)_[A-Z0-9_]+|DATABASE_URL)\b")
 # Flags of other programs the runbook quotes.
-FOREIGN_FLAGS = frozenset({"--alter", "--partitions"})
+FOREIGN_FLAGS = frozenset({"--alter", "--partitions", "--for", "--timeout"})
 
 
 def test_every_flag_and_variable_operations_md_names_is_declared() -> None:

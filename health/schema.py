@@ -1,0 +1,33 @@
+"""What the health sidecar needs of the database before it probes (pgconnect/schema.py reads it).
+
+``MIGRATION`` is the newest migration the probes read; a release whose probes read a newer
+one raises it (tests/health/test_schema_needs.py holds it to the statements). The
+privileges are those ``outbox-relay grant --as sidecar`` gives (migrations/grants.py; the
+same test holds the two equal): read-only, on what the families probe and the migration
+level.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from pgconnect.schema import SchemaNeeds, on_table
+
+MIGRATION: Final = 7
+
+NEEDS: Final = SchemaNeeds(
+    part="sidecar",
+    migration=MIGRATION,
+    privileges=tuple(
+        privilege
+        for table in (
+            "outbox",
+            "outbox_receipt",
+            "relay_lane",
+            "relay_instance",
+            "scoring_job_state",
+            "outbox_relay_migration",
+        )
+        for privilege in on_table(table, "SELECT")
+    ),
+)
