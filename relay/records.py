@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import NamedTuple
@@ -29,7 +30,19 @@ RESERVED_HEADERS = frozenset(
     }
 )
 _OPTIONAL_COLUMN_HEADERS = ("tenant_ref", "schema_version", "correlation_ref", "causation_ref")
-_RESERVED_LOWER = RESERVED_HEADERS | frozenset(_OPTIONAL_COLUMN_HEADERS)
+_RESERVED_NAMES = RESERVED_HEADERS | frozenset(_OPTIONAL_COLUMN_HEADERS)
+# Compared as consumers compare them: after NFKC (fullwidth letters), case-folded (Python,
+# Go: "ſ" is "s") and upper-cased (Java's equalsIgnoreCase: "ı" is "I").
+_RESERVED_FOLDED = frozenset(_RESERVED_NAMES) | frozenset(n.upper() for n in _RESERVED_NAMES)
+
+
+def _reserved(name: str) -> bool:
+    if name.isascii():
+        return name.lower() in _RESERVED_NAMES
+    normal = unicodedata.normalize("NFKC", name)
+    return normal.casefold() in _RESERVED_FOLDED or normal.upper() in _RESERVED_FOLDED
+
+
 _headers_decoder = msgspec.json.Decoder(dict[str, str])
 _compact = msgspec.json.format
 _SPECVERSION = ("ce_specversion", b"1.0")
@@ -244,7 +257,7 @@ class RecordMapper:
                     "invalid_headers", "headers must map strings to strings"
                 ) from exc
             for name, header_value in own.items():
-                if not name or name.lower() in _RESERVED_LOWER:
+                if not name or _reserved(name):
                     raise RecordRejected("invalid_headers", f"header {name!r} is reserved")
                 headers.append((name, header_value.encode()))
         record = _new_record(KafkaRecord, (topic, key, value, headers))

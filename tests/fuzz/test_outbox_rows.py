@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import re
+import unicodedata
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -324,7 +325,13 @@ def expected_cause(world: World, row: Row, payload_bytes: int) -> str | None:
     if row.topic is not None and row.topic != "own":
         return "unknown"  # a valid name the broker may create or refuse: either is fine
     reserved = RESERVED_HEADERS | set(_OPTIONAL)
-    if row.headers and any(n.lower() in reserved or not n for n in row.headers):
+    reserved |= {name.upper() for name in reserved}
+
+    def looks_reserved(name: str) -> bool:  # as a case-insensitive consumer reads it
+        normal = unicodedata.normalize("NFKC", name)
+        return normal.casefold() in reserved or normal.upper() in reserved
+
+    if row.headers and any(looks_reserved(n) or not n for n in row.headers):
         return "invalid_headers"
     if len(row.key.encode()) + payload_bytes + 4096 > _COMFORTABLY_SMALL:
         return "unknown"  # near or over the limit: published whole, or record_too_large

@@ -217,6 +217,26 @@ def test_reserved_header_names_are_refused_in_any_case(name: str) -> None:
     assert caught.value.cause == "invalid_headers"
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        "\u0131d",  # dotless i: Java's equalsIgnoreCase takes it for "id"
+        "ce_\u0131d",
+        "ce_t\u0131me",
+        "ce_\u017fource",  # long s: Python's casefold and Java's toUpperCase take it for "s"
+        "ce_\u017fpecver\u017fion",
+        "\uff49\uff44",  # fullwidth "id": the same name after NFKC
+        "CE_\uff34\uff39\uff30\uff25",  # fullwidth "TYPE"
+    ],
+)
+def test_look_alikes_of_reserved_header_names_are_refused(name: str) -> None:
+    """A consumer that looks header names up case-insensitively (Java, Go) must not read a
+    writer's header as one the relay sets."""
+    with pytest.raises(RecordRejected) as caught:
+        mapper().to_record(make_row(headers=json.dumps({name: "forged"})))
+    assert caught.value.cause == "invalid_headers"
+
+
 def test_other_cloudevents_extension_headers_stay_allowed() -> None:
     record = mapper().to_record(make_row(headers='{"ce_partitionkey": "p", "Ce_Dataref": "d"}'))
     assert headers_of(record)["ce_partitionkey"] == b"p"
