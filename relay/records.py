@@ -32,7 +32,7 @@ RESERVED_HEADERS = frozenset(
 _OPTIONAL_COLUMN_HEADERS = ("tenant_ref", "schema_version", "correlation_ref", "causation_ref")
 _RESERVED_NAMES = RESERVED_HEADERS | frozenset(_OPTIONAL_COLUMN_HEADERS)
 # Compared as consumers compare them: after NFKC (fullwidth letters), case-folded (Python,
-# Go: "ſ" is "s") and upper-cased (Java's equalsIgnoreCase: "ı" is "I").
+# Go: a long s is "s") and upper-cased (Java's equalsIgnoreCase: a dotless i is "I").
 _RESERVED_FOLDED = frozenset(_RESERVED_NAMES) | frozenset(n.upper() for n in _RESERVED_NAMES)
 
 
