@@ -471,6 +471,10 @@ class Relay:
             while not stop.is_set():
                 self.liveness.tick("fetch", config.poll_interval_ms)
                 if prefetch is None:
+                    if (quiet := passes.quiet_left(time.monotonic())) > 0:
+                        with anyio.move_on_after(quiet):
+                            await stop.wait()
+                        continue
                     passes.start(
                         time.monotonic(),
                         full_pass_requested=wake.full_pass_requested(),
@@ -707,6 +711,7 @@ class Relay:
         # No row joins the window meanwhile that this fetch could read: rows are admitted
         # from earlier fetches, whose rows lie below its start.
         mark = self._window.fetch_mark()
+        started_at = time.monotonic()
         try:
             rows = await self._store.fetch_ready(
                 plan.lanes, plan.start, plan.limit, check_below=plan.check_below
@@ -714,7 +719,9 @@ class Relay:
         except BaseException:
             self._window.fetch_done(mark)
             raise
-        return self._passes.fetched(plan, rows, mark=mark, left_out=left_out, bound=bound)
+        return self._passes.fetched(
+            plan, rows, mark=mark, left_out=left_out, bound=bound, started_at=started_at
+        )
 
     async def _refresh_bound(self) -> None:
         bound = None

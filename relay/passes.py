@@ -65,6 +65,8 @@ class Fetched:
     """For a pass's first fetch, the highest seq drawn before it (None: not known)."""
     transferred_bytes: int = 0
     """The bytes of rows it transferred (:func:`relay.records.fetched_bytes`)."""
+    started_at: float = 0.0
+    """When its statement was sent (the loop's clock)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,12 @@ def within_bound(rows: list[OutboxRow], bound: int | None) -> tuple[list[OutboxR
         return rows, False
     return [r for r in rows if r.seq <= bound], True  # in seq order: a prefix
 
+
+QUIET_MS = 10
+"""After a fetch that read nothing, the next one starts no sooner than this after it began.
+Any role that can connect may notify, as fast as it likes, announcing nothing: then the
+relay fetches at most once per QUIET_MS. A notification with rows behind it comes after a
+fetch that found rows (or long after one that found none), and waits for nothing."""
 
 # A notification's payload is a hint: any role that can connect may send one. Hints may
 # move a fetch's start more than a batch below the cursor, or bring a pass from the
@@ -183,6 +191,7 @@ class Passes:
         # Rows whose outcome the database refused to record: never sent again by this
         # process (a failed one's key stays held in the window).
         self._left_out_for_good: set[int] = set()
+        self._quiet_until = 0.0  # (quiet_left)
 
     # -- before a fetch -------------------------------------------------------------------
     def full_pass_due(self, now: float, *, requested: bool) -> bool:
@@ -284,6 +293,7 @@ class Passes:
         mark: int,
         left_out: frozenset[int],
         bound: int | None = None,
+        started_at: float = 0.0,
     ) -> Fetched:
         """What the statement of ``plan`` returned: at most its limit, in seq order, and
         the rows that fit the byte budget (plus the one that crossed it)."""
@@ -300,12 +310,14 @@ class Passes:
             left_out=left_out,
             bound=bound,
             transferred_bytes=transferred,
+            started_at=started_at,
         )
 
     # -- after a fetch --------------------------------------------------------------------
     def accept(self, fetched: Fetched) -> Accepted:
         """The rows the pass lets through, and the cursor moved past what was read."""
         rows, full, last_seq = fetched.rows, fetched.full, fetched.last_seq
+        self._quiet_until = fetched.started_at + QUIET_MS / 1000 if last_seq is None else 0.0
         cut = False
         if fetched.plan.cursor_fetch:
             late = {
@@ -415,6 +427,11 @@ class Passes:
     def ended(self) -> None:
         """A fetch was not full: the next one comes on news, as a cursor fetch."""
         self.in_full_pass = False
+
+    def quiet_left(self, now: float) -> float:
+        """Seconds until the next fetch may start: after one that read nothing, QUIET_MS
+        after it began; otherwise none."""
+        return max(0.0, self._quiet_until - now)
 
     # -- the next pass's bound ------------------------------------------------------------
     def bound_refresh_due(self, now: float) -> bool:

@@ -9,7 +9,15 @@ from collections.abc import Iterable
 import pytest
 
 from relay.inflight import InFlightWindow
-from relay.passes import HINTS_PER_POLL, Accepted, Fetched, FetchPlan, Passes, within_bound
+from relay.passes import (
+    HINTS_PER_POLL,
+    QUIET_MS,
+    Accepted,
+    Fetched,
+    FetchPlan,
+    Passes,
+    within_bound,
+)
 from relay.records import MAX_FETCHED_ROW_BYTES, OutboxRow, RecordMapper
 from tests.unit.test_records import make_row
 
@@ -591,3 +599,23 @@ async def test_a_pass_whose_bound_is_unknown_keeps_its_cursor() -> None:
     accept(passes, fetch(passes, [], bound=None))
     passes.ended()
     assert fetch(passes, [], now=0.1).plan.opens_pass
+
+
+async def test_after_a_fetch_that_read_nothing_the_next_waits_a_little() -> None:
+    """A stream of notifications announcing nothing costs a fetch per QUIET_MS at most."""
+    passes = new_passes()
+    accept(
+        passes,
+        passes.fetched(passes.plan(LANES, 0.0), [], mark=0, left_out=frozenset(), started_at=5.0),
+    )
+    assert passes.quiet_left(5.0) == pytest.approx(QUIET_MS / 1000)
+    assert passes.quiet_left(5.0 + QUIET_MS / 1000) == 0.0  # long after: at once
+
+
+async def test_after_a_fetch_that_read_rows_the_next_waits_for_nothing() -> None:
+    passes = new_passes()
+    found = passes.fetched(
+        passes.plan(LANES, 0.0), rows(1), mark=0, left_out=frozenset(), started_at=5.0
+    )
+    accept(passes, found)
+    assert passes.quiet_left(5.0) == 0.0
