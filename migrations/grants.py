@@ -153,7 +153,11 @@ SEQUENCES: Final[Mapping[str, Mapping[str, frozenset[str]]]] = {
 
 # Trigger functions only: a trigger fires without EXECUTE, and nobody calls them directly,
 # so EXECUTE is taken from PUBLIC as well.
-FUNCTIONS: Final[tuple[str, ...]] = ("outbox_relay_notify()", "outbox_relay_guard_insert()")
+FUNCTIONS: Final[tuple[str, ...]] = (
+    "outbox_relay_notify()",
+    "outbox_relay_guard_insert()",
+    "outbox_relay_measure()",
+)
 
 STATS_ROLE: Final = "pg_read_all_stats"
 # Why a part wants pg_read_all_stats; without it, other roles' sessions show no transaction

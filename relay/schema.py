@@ -1,8 +1,9 @@
 """What the relay needs of the database before it claims a lane (pgconnect/schema.py reads it).
 
-``MIGRATION`` is the newest migration the relay's statements read; a release whose
-statements read a newer one raises it (tests/relay/test_schema_needs.py holds it to the
-statements). The privileges are those ``outbox-relay grant --as relay`` gives
+``MIGRATION`` is the newest migration the relay's statements read, or whose index its plans
+rely on; a release that needs a newer one raises it (tests/relay/test_schema_needs.py holds
+``STATEMENTS_READ`` to the statements, tests/relay/test_round_trips.py the plans to the
+index). The privileges are those ``outbox-relay grant --as relay`` gives
 (migrations/grants.py; the same test holds the two equal).
 """
 
@@ -12,7 +13,12 @@ from typing import Final
 
 from pgconnect.schema import SchemaNeeds, on_sequence, on_table
 
-MIGRATION: Final = 10
+STATEMENTS_READ: Final = 9
+"""The newest migration the relay's statements read (0009: the door's columns)."""
+PLANS_PROBE: Final = 10
+"""The newest migration whose index the relay's plans rely on (0010: the hold check's one
+probe; without it each row's check reads every held row of its key)."""
+MIGRATION: Final = max(STATEMENTS_READ, PLANS_PROBE)
 
 NEEDS: Final = SchemaNeeds(
     part="relay",

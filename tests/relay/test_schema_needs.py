@@ -22,6 +22,6 @@ async def test_the_relays_level_is_the_newest_migration_its_statements_read(
         await conn.close()
     # The fetch, the outcome statements, the lanes, housekeeping and redrive.
     assert len(prepared) >= 15, sorted(statements)
-    assert level == schema.MIGRATION, (
-        f"the relay's statements read migration {level:04d}: set relay/schema.py MIGRATION"
+    assert level == schema.STATEMENTS_READ, (
+        f"the relay's statements read migration {level:04d}: set relay/schema.py STATEMENTS_READ"
     )

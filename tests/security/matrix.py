@@ -17,6 +17,7 @@ _NOTHING = {
     "sequence outbox_seq_seq": NONE,
     "function outbox_relay_notify()": NONE,
     "function outbox_relay_guard_insert()": NONE,
+    "function outbox_relay_measure()": NONE,
     "schema public": "USAGE",
 }
 

@@ -101,8 +101,8 @@ async def test_a_membership_the_role_can_only_set_is_an_excess_too(
     assert code == EXIT_EXCESS, stderr
     assert await privilege_matrix(db, sidecar.name) == matrix.SIDECAR
     assert (
-        f"  outbox: DELETE, UPDATE(attempts, last_error_class, next_attempt_at, quarantined_at) (through role {relay.name})"
-        in lines
+        "  outbox: DELETE, UPDATE(attempts, held_template, held_topic, last_error_class, "
+        f"next_attempt_at, quarantined_at, size_bytes) (through role {relay.name})" in lines
     ), lines
     assert f"  sequence outbox_seq_seq: SELECT (through role {relay.name})" in lines, lines
 

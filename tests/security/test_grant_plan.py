@@ -27,7 +27,13 @@ from tests.security import matrix
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 EVERY_OBJECT = frozenset(
-    {*TABLES, "outbox_seq_seq", "outbox_relay_notify()", "outbox_relay_guard_insert()"}
+    {
+        *TABLES,
+        "outbox_seq_seq",
+        "outbox_relay_notify()",
+        "outbox_relay_guard_insert()",
+        "outbox_relay_measure()",
+    }
     | {"schema public"}
 )
 

@@ -23,7 +23,7 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
-from migrations.grants import plan_grants, read_facts, render_script
+from migrations.grants import FUNCTIONS, plan_grants, read_facts, render_script
 from migrations.runner import apply, load_migrations
 from tests.security.conftest import MakeRole
 from tests.security.process import POLICY_OUTBOX_ONLY, policy_file, run_cli
@@ -194,7 +194,7 @@ async def test_a_session_that_may_not_alter_the_role_leaves_that_step_to_one_who
         "AND relkind IN ('r', 'p')"
     ):
         await db.execute(f'ALTER TABLE {name} OWNER TO "{owner.name}"')
-    for function in ("outbox_relay_notify()", "outbox_relay_guard_insert()"):
+    for function in FUNCTIONS:
         await db.execute(f'ALTER FUNCTION {function} OWNER TO "{owner.name}"')
 
     conn = await asyncpg.connect(owner.url)
