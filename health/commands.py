@@ -20,12 +20,12 @@ _log = logging.getLogger(__name__)
 # Grantees of CREATE on the outbox's schema besides its owner, counted (0 is PUBLIC).
 _SCHEMA_CREATORS = """
 SELECT n.nspname,
-       bool_or(a.grantee = 0) AS public,
-       count(*) FILTER (WHERE a.grantee <> 0) AS roles
+       bool_or(a.grantee = 0::oid) AS public,
+       count(*) FILTER (WHERE a.grantee <> 0::oid) AS roles
 FROM pg_catalog.pg_class c
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-CROSS JOIN LATERAL aclexplode(coalesce(n.nspacl, acldefault('n', n.nspowner))) a
-WHERE c.oid = to_regclass('outbox') AND a.privilege_type = 'CREATE'
+CROSS JOIN LATERAL aclexplode(coalesce(n.nspacl, acldefault('n'::"char", n.nspowner))) a
+WHERE c.oid = to_regclass('outbox')::oid AND a.privilege_type = 'CREATE'
   AND a.grantee <> n.nspowner
 GROUP BY n.nspname
 """

@@ -456,19 +456,22 @@ def render_pending(plan: GrantPlan) -> list[str]:
 
 
 # -- the database --------------------------------------------------------------------------------
+# Every call below has pg_catalog's exact argument types (casts on constants): grant runs as
+# the schema owner, with whatever search_path its session has (tests/security/
+# test_exact_calls.py).
 # The schema is wherever `outbox` resolves on this session's search_path (migrate created
 # every object there).
 _SCHEMA_OF_OUTBOX = """
 SELECT n.oid, n.nspname, current_database() FROM pg_catalog.pg_class c
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-WHERE c.oid = to_regclass('outbox')
+WHERE c.oid = to_regclass('outbox')::oid
 """
 
 # ALTER ROLE … SET: a superuser may for anyone; a role for itself; CREATEROLE for a role
 # that is no superuser, from PostgreSQL 16 only with ADMIN on it.
 _ROLE_FACTS = """
 SELECT has_schema_privilege(r.oid, $2::oid, 'USAGE'),
-       pg_has_role(r.oid, 'pg_read_all_stats', 'MEMBER'),
+       pg_has_role(r.oid, 'pg_read_all_stats'::name, 'MEMBER'),
        coalesce((SELECT s.setconfig FROM pg_catalog.pg_db_role_setting s
                  JOIN pg_catalog.pg_database d ON d.oid = s.setdatabase
                  WHERE s.setrole = r.oid AND d.datname = current_database()), '{}'),
@@ -493,12 +496,12 @@ SELECT c.relname AS name, pg_get_userbyid(c.relowner) AS owner,
 FROM pg_catalog.pg_class c
 WHERE c.relnamespace = $1 AND c.relkind IN ('r', 'p', 'S')
 UNION ALL
-SELECT p.proname || '()', pg_get_userbyid(p.proowner),
+SELECT p.proname::text || '()', pg_get_userbyid(p.proowner),
        pg_has_role(current_user, p.proowner, 'USAGE')
 FROM pg_catalog.pg_proc p
 WHERE p.pronamespace = $1 AND p.pronargs = 0
 UNION ALL
-SELECT 'schema ' || n.nspname, pg_get_userbyid(n.nspowner),
+SELECT 'schema ' || n.nspname::text, pg_get_userbyid(n.nspowner),
        pg_has_role(current_user, n.nspowner, 'USAGE')
 FROM pg_catalog.pg_namespace n WHERE n.oid = $1
 """
@@ -506,11 +509,11 @@ FROM pg_catalog.pg_namespace n WHERE n.oid = $1
 # Grantees of CREATE on the schema other than its owner (0 is PUBLIC). Superusers and
 # members of the owner create there too; they are the owner's to choose.
 _SCHEMA_CREATORS = """
-SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE pg_get_userbyid(a.grantee) END
+SELECT CASE WHEN a.grantee = 0::oid THEN 'PUBLIC' ELSE pg_get_userbyid(a.grantee) END
 FROM pg_catalog.pg_namespace n,
-     aclexplode(coalesce(n.nspacl, acldefault('n', n.nspowner))) a
+     aclexplode(coalesce(n.nspacl, acldefault('n'::"char", n.nspowner))) a
 WHERE n.oid = $1 AND a.privilege_type = 'CREATE' AND a.grantee <> n.nspowner
-ORDER BY a.grantee <> 0, 1
+ORDER BY a.grantee <> 0::oid, 1
 """
 
 
