@@ -412,10 +412,16 @@ def plan_grants(role: str, parts: tuple[str, ...], facts: SchemaFacts) -> GrantP
 
 def schema_creators_warning(facts: SchemaFacts) -> str | None:
     """One line when PUBLIC or a role besides the schema's owner may create objects in it."""
-    if not facts.schema_creators:
+    return creators_warning(facts.schema, facts.schema_creators)
+
+
+def creators_warning(schema: str, creators: tuple[str, ...]) -> str | None:
+    """One line when ``creators`` (PUBLIC first, then roles) may create objects in ``schema``
+    besides its owner: what that allows and the REVOKE that ends it."""
+    if not creators:
         return None
-    public = [c for c in facts.schema_creators if c == "PUBLIC"]
-    roles = [c for c in facts.schema_creators if c != "PUBLIC"]
+    public = [c for c in creators if c == "PUBLIC"]
+    roles = [c for c in creators if c != "PUBLIC"]
     who = []
     if public:
         who.append("PUBLIC")
@@ -425,10 +431,10 @@ def schema_creators_warning(facts: SchemaFacts) -> str | None:
         [*public, *(quote_role(r) if r.isprintable() else shown(r) for r in roles)]
     )
     return (
-        f"{' and '.join(who)} may create objects in schema {shown(facts.schema)} besides its "
+        f"{' and '.join(who)} may create objects in schema {shown(schema)} besides its "
         "owner: a function or operator put there can run inside the transactions of every "
         "role that uses the schema; take it away with "
-        f"REVOKE CREATE ON SCHEMA {quote_schema(facts.schema)} FROM {grantees}"
+        f"REVOKE CREATE ON SCHEMA {quote_schema(schema)} FROM {grantees}"
     )
 
 
@@ -546,6 +552,18 @@ async def read_facts(conn: asyncpg.Connection, role: str) -> SchemaFacts:
         may_alter_role=bool(role_row[3]),
         schema_creators=tuple(r[0] for r in await conn.fetch(_SCHEMA_CREATORS, namespace)),
     )
+
+
+async def read_schema_creators(conn: asyncpg.Connection) -> tuple[str, tuple[str, ...]] | None:
+    """The relay's schema (where ``outbox`` resolves on this session's path) and who besides
+    its owner may create objects in it, PUBLIC first; None while there is no outbox. Any
+    role that can reach the outbox may read it: it reads the catalog only."""
+    found = await conn.fetchrow(_SCHEMA_OF_OUTBOX)
+    if found is None:
+        return None
+    namespace, schema, _ = found
+    creators = tuple(row[0] for row in await conn.fetch(_SCHEMA_CREATORS, namespace))
+    return schema, creators
 
 
 def _owned_by(role: str, schema: str, owners: Mapping[str, str]) -> list[str]:
