@@ -38,6 +38,7 @@ import pytest_asyncio
 
 from migrations.grants import PARTS, SchemaFacts, plan_grants, render_script
 from migrations.runner import apply, load_migrations
+from pgconnect import connect, create_pool, pool_options
 from tests.security.conftest import MakeRole
 from tests.security.roles import grant
 from tests.support.exact_calls import (
@@ -132,13 +133,13 @@ class Inventory:
     statements: dict[str, str] = field(default_factory=dict)  # prepared, by name
     not_prepared: dict[str, str] = field(default_factory=dict)  # name: why
     hits: dict[str, list[str]] = field(default_factory=dict)  # name: shadows resolved
+    introspected: list[str] = field(default_factory=list)  # the driver asked about a type
+    # on a connection of the product's pools, and on one of pgconnect.connect
     planted: Planted = field(default_factory=Planted)
     planted_lines: list[str] = field(default_factory=list)
 
     def module_of(self, name: str) -> str:
-        if ":" in name:  # path:line of a literal
-            return name.split(":")[0].removesuffix(".py").replace("/", ".")
-        return name.rsplit(".", 1)[0]
+        return _module_of(name)
 
     def report(self, names: list[str]) -> str:
         lines = [f"on {self.server}:"]
@@ -156,6 +157,12 @@ async def _inventory(url: str, server: str) -> Inventory:
     shadowed = await asyncpg.connect(
         url, statement_cache_size=0, server_settings={"search_path": SHADOWED_PATH}
     )
+    # As the product opens its connections (pgconnect), with the shadows on the path.
+    settings = {"search_path": SHADOWED_PATH}
+    pool = await create_pool(
+        url, min_size=1, max_size=1, **pool_options(settings, transaction_pooler=False)
+    )
+    single = await connect(url, server_settings=settings)
     try:
         reader = ParseTrees(plain)
         trees: dict[str, Any] = {}
@@ -187,7 +194,15 @@ async def _inventory(url: str, server: str) -> Inventory:
                 inventory.hits[name] = [f"no longer prepares: {exc.sqlstate} {exc}"]
                 continue
             inventory.hits[name] = shadow_hits(tree, inventory.planted)
+        async with pool.acquire() as pooled:
+            for driven in (ParseTrees(pooled), ParseTrees(single)):
+                for name, text in inventory.statements.items():
+                    if await driven.driver_queries(text):
+                        inventory.introspected.append(name)
+                driven.stop()
     finally:
+        await single.close()
+        await pool.close()
         await shadowed.close()
         await plain.close()
     return inventory
@@ -204,14 +219,17 @@ async def inventory(pg_server: PostgresServer, template_database: str) -> AsyncI
         await drop_database(pg_server.url, name)
 
 
+def _module_of(name: str) -> str:
+    """The module of a statement's name: ``module.NAME``, or ``path:line`` of a literal."""
+    if ":" in name:
+        return name.split(":")[0].removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+    return name.rsplit(".", 1)[0]
+
+
 def _modules() -> list[str]:
     """The product's modules that hold SQL, for one test case each."""
-    names = set()
-    for name in product_sql():
-        names.add(name.rsplit(".", 1)[0])
-    for literal in source_literals():
-        names.add(literal.where.split(":")[0].removesuffix(".py").replace("/", "."))
-    return sorted(names)
+    names = {_module_of(name) for name in product_sql()}
+    return sorted(names | {_module_of(literal.where) for literal in source_literals()})
 
 
 def test_every_sql_text_of_the_product_is_a_statement_a_part_of_one_or_listed(
@@ -259,6 +277,17 @@ def test_statements_resolve_every_call_to_pg_catalog(inventory: Inventory, modul
     assert not offending, (
         f"{len(offending)} statement(s) of {module} call what a shadow takes:\n"
         + inventory.report(names)
+    )
+
+
+def test_no_statement_has_the_driver_look_up_a_type(inventory: Inventory) -> None:
+    # asyncpg asks PostgreSQL about a type it has no codec for (an array, a composite, a
+    # domain, an enum) with a query of its own, on the same connection and path, whose calls
+    # are not exact: a shadow of <>(oid, integer) runs in it. The product's connections
+    # learn the array types its statements use first, with pg_catalog alone on the path
+    # (pgconnect.learn_types), so that query never runs on a path another role can reach.
+    assert inventory.introspected == [], (
+        f"the driver looks up a type for these statements: {sorted(set(inventory.introspected))}"
     )
 
 

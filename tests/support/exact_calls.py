@@ -180,6 +180,10 @@ class ParseTrees:
         self._heard: list[str] = []
         conn.add_log_listener(self._listen)
 
+    def stop(self) -> None:
+        """Stop listening (a pool's connection must have no listener when released)."""
+        self._conn.remove_log_listener(self._listen)
+
     def _listen(self, _conn: object, message: Any) -> None:
         if message.message.startswith("parse tree"):
             self._heard.append(message.detail or "")
@@ -201,6 +205,26 @@ class ParseTrees:
         # The first tree is the PREPARE's own statement; nothing else runs in between.
         trees = [read_tree(detail) for detail in self._heard]
         return next((tree for tree in trees if _utility_free(tree)), trees[-1] if trees else None)
+
+    async def driver_queries(self, text: str) -> bool:
+        """Whether the driver runs a query of its own to prepare ``text``: asyncpg's type
+        introspection, for a type it has no codec for (that query is asyncpg's, and not
+        exact). Seen as a second parse tree, or, once asyncpg keeps that query prepared, as
+        a shadow on the path raising in it."""
+        await self._conn.execute(
+            "SET debug_print_parse = on; SET debug_pretty_print = off; "
+            "SET client_min_messages = log"
+        )
+        self._heard.clear()
+        try:
+            await self._conn.prepare(text)
+            return len(self._heard) > 1
+        except asyncpg.RaiseError as exc:
+            if "exact-calls shadow" in str(exc):
+                return True
+            raise
+        finally:
+            await self._conn.execute("SET client_min_messages = notice; RESET debug_print_parse")
 
 
 def _utility_free(tree: Any) -> bool:
