@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import asyncpg
@@ -13,7 +14,7 @@ from health import schema
 from health.evaluate import evaluate, unknown_report
 from health.probing import CONNECT_ERRORS, connect_failure
 from health.render import STATUS_WIDTH, encode_json, health_document, status_table
-from pgconnect import connection_options
+from pgconnect import DB_ERRORS, connection_options, learn_types
 
 _log = logging.getLogger(__name__)
 
@@ -62,6 +63,8 @@ async def evaluate_once(
     except CONNECT_ERRORS as exc:
         return unknown_report(policy, connect_failure(exc))
     try:
+        with contextlib.suppress(*DB_ERRORS):  # the evaluation finds the database as it is
+            await learn_types(conn)
         report = await evaluate(
             conn, policy, receipt_retention_ms=receipt_retention_ms, schema=schema.NEEDS
         )

@@ -38,7 +38,7 @@ import pytest_asyncio
 
 from migrations.grants import PARTS, SchemaFacts, plan_grants, render_script
 from migrations.runner import apply, load_migrations
-from pgconnect import connect, create_pool, pool_options
+from pgconnect import ARRAY_TYPES, connect, create_pool, pool_options
 from tests.security.conftest import MakeRole
 from tests.security.roles import grant
 from tests.support.exact_calls import (
@@ -69,6 +69,7 @@ SHADOWED_PATH = f"public, {SHADOW_SCHEMA}"
 # also run with the shadows on its path (test_utility_statements_run_under_the_shadows).
 UTILITY: dict[str, str] = {
     "relay.sql.ASYNC_COMMIT": "SET LOCAL of a setting to a literal: no expression",
+    "pgconnect._CATALOG_ONLY": "SET LOCAL of a setting to a literal: no expression",
     "health.probing._SAVEPOINT": "a savepoint, by name: no expression",
     "health.probing._RELEASE": "a savepoint, by name: no expression",
     "health.probing._ROLLBACK": "a savepoint, by name: no expression",
@@ -287,7 +288,8 @@ def test_no_statement_has_the_driver_look_up_a_type(inventory: Inventory) -> Non
     # learn the array types its statements use first, with pg_catalog alone on the path
     # (pgconnect.learn_types), so that query never runs on a path another role can reach.
     assert inventory.introspected == [], (
-        f"the driver looks up a type for these statements: {sorted(set(inventory.introspected))}"
+        f"the driver looks up a type for these statements: {sorted(set(inventory.introspected))}; "
+        f"pgconnect.ARRAY_TYPES ({', '.join(ARRAY_TYPES)}) lacks one they use"
     )
 
 
@@ -348,6 +350,7 @@ async def test_utility_statements_run_under_the_shadows(
             for statement in ("_SAVEPOINT", "_ROLLBACK", "_RELEASE"):
                 await conn.execute(constants[f"health.probing.{statement}"])
             await conn.execute(constants["relay.sql.ASYNC_COMMIT"])
+            await conn.execute(constants["pgconnect._CATALOG_ONLY"])
             await conn.execute("ROLLBACK")
         finally:
             await conn.close()
