@@ -201,6 +201,11 @@ async def _inventory(url: str, server: str) -> Inventory:
                     if await driven.driver_queries(text):
                         inventory.introspected.append(name)
                 driven.stop()
+        # The scoring writer runs on its caller's connections, which learnt nothing of ours.
+        caller = ParseTrees(shadowed)
+        for name, text in inventory.statements.items():
+            if name.startswith("scoring.") and await caller.driver_queries(text):
+                inventory.introspected.append(f"{name} (on a caller's connection)")
     finally:
         await single.close()
         await pool.close()
