@@ -29,6 +29,8 @@ RELAY: Final = "relay"
 SIDECAR: Final = "sidecar"
 PARTS: Final = (WRITER, EVENT_WRITER, RELAY, SIDECAR)
 
+ROUTES_TABLE: Final = "outbox_relay_writer_route"
+
 # The columns a writer inserts (the Debezium core and the documented extras); every other
 # column of the outbox is the relay's bookkeeping or the database's.
 EVENT_COLUMNS: Final = (
@@ -46,6 +48,16 @@ EVENT_COLUMNS: Final = (
     "headers",
     "topic",
 )
+
+
+@dataclass(frozen=True)
+class WriterRoutes:
+    """Where an event writer's rows may go (migration 0011, outbox_relay_writer_route): rows
+    routed by the relay's template, by their aggregatetype; rows with a topic of their own,
+    by its prefix. ``grant --as event-writer`` writes them."""
+
+    aggregatetypes: tuple[str, ...] = ()
+    topic_prefixes: tuple[str, ...] = ()
 
 
 class GrantError(OutboxRelayError):
@@ -141,6 +153,10 @@ TABLES: Final[Mapping[str, Mapping[str, Access]]] = {
     # read the migration level before they start (relay/schema.py, health/schema.py), and
     # `redrive` to refuse a schema that is not migrated before it changes anything.
     "outbox_relay_migration": {RELAY: _access("SELECT"), SIDECAR: _access("SELECT")},
+    # Where each event writer may route (migration 0011): written by `grant` as the schema
+    # owner, read by the door's statement trigger through outbox_relay_writer_routes(name),
+    # a SECURITY DEFINER function every role may execute. No part reads it directly.
+    ROUTES_TABLE: {},
 }
 
 # sequence → part → privileges. The outbox's identity sequence: an insert draws from it
@@ -157,6 +173,15 @@ FUNCTIONS: Final[tuple[str, ...]] = (
     "outbox_relay_notify()",
     "outbox_relay_guard_insert()",
     "outbox_relay_measure()",
+)
+
+# Functions every role may run: EXECUTE stays with PUBLIC. The door reads an inserting
+# role's routes through this one (migration 0011, SECURITY DEFINER), so that a writer of
+# the previous release keeps inserting before `grant` runs again; it answers no more than
+# an INSERT would.
+PUBLIC_FUNCTIONS: Final[tuple[str, ...]] = (
+    "outbox_relay_writer_routes(who name, OUT restricted boolean, OUT aggregatetypes text[], "
+    "OUT topic_prefixes text[])",
 )
 
 STATS_ROLE: Final = "pg_read_all_stats"
@@ -337,8 +362,11 @@ def search_path_of(schema: str) -> str:
     return quote_schema(schema)
 
 
-def plan_grants(role: str, parts: tuple[str, ...], facts: SchemaFacts) -> GrantPlan:
-    """The statements that give ``role`` exactly what ``parts`` need, split by who can run them."""
+def plan_grants(
+    role: str, parts: tuple[str, ...], facts: SchemaFacts, routes: WriterRoutes | None = None
+) -> GrantPlan:
+    """The statements that give ``role`` exactly what ``parts`` need, split by who can run
+    them; for an event writer also its ``routes`` (None: every route)."""
     schema = quote_schema(facts.schema)
     ours: list[str] = []
     others: dict[str, list[str]] = {}
@@ -361,6 +389,8 @@ def plan_grants(role: str, parts: tuple[str, ...], facts: SchemaFacts) -> GrantP
             privileges = ", ".join(sorted(granted))
             statements.append(f"GRANT {privileges} ON SEQUENCE {target} TO {quote_role(role)}")
         place(sequence, statements)
+    if EVENT_WRITER in parts:
+        place(ROUTES_TABLE, _route_statements(facts.schema, role, routes))
     for function in FUNCTIONS:
         target = f"{schema}.{function}"
         place(
@@ -408,6 +438,30 @@ def plan_grants(role: str, parts: tuple[str, ...], facts: SchemaFacts) -> GrantP
             )
         )
     return GrantPlan(role, parts, tuple(ours), owner_steps, tuple(privileged))
+
+
+def _route_statements(schema: str, role: str, routes: WriterRoutes | None) -> list[str]:
+    """The event writer's routes, replacing any it had; none kept for every route."""
+    target = f"{quote_schema(schema)}.{ROUTES_TABLE}"
+    writer = f"{quote_literal(quote_role(role))}::regrole"
+    if routes is None:
+        return [f"DELETE FROM {target} WHERE writer = {writer}"]
+    return [
+        f"INSERT INTO {target} (writer, aggregatetypes, topic_prefixes) "
+        f"VALUES ({writer}, {_text_array(routes.aggregatetypes)}, "
+        f"{_text_array(routes.topic_prefixes)}) "
+        "ON CONFLICT (writer) DO UPDATE SET aggregatetypes = EXCLUDED.aggregatetypes, "
+        "topic_prefixes = EXCLUDED.topic_prefixes"
+    ]
+
+
+def quote_literal(text: str) -> str:
+    """A string literal (standard_conforming_strings, PostgreSQL's default since 9.1)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _text_array(values: tuple[str, ...]) -> str:
+    return f"ARRAY[{', '.join(map(quote_literal, values))}]::text[]"
 
 
 def schema_creators_warning(facts: SchemaFacts) -> str | None:

@@ -284,7 +284,7 @@ async def _grant(settings: GrantSettings) -> int:
     try:
         await require_migrated(conn, load_migrations())
         facts = await read_facts(conn, settings.role)
-        plan = plan_grants(settings.role, settings.parts, facts)
+        plan = plan_grants(settings.role, settings.parts, facts, settings.routes)
         if (warning := schema_creators_warning(facts)) is not None:
             # stderr: stdout stays the script (--print) or the result lines.
             print(f"outbox-relay: warning: {warning}", file=sys.stderr)

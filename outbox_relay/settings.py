@@ -15,6 +15,7 @@ from contracts.policy import Policy
 from contracts.ranges import NotNegative, Positive, check_ranges
 from health.families.completion_tracker import RECHECK_PERIOD_MS
 from health.sidecar import DATABASE_RETRY_MAX_MS, HTTP_MAX_CONNECTIONS
+from migrations.grants import WriterRoutes
 from outbox_relay.transport import UnverifiedPath
 from relay.config import RelayConfig
 from relay.redrive import RedriveFilter
@@ -55,6 +56,7 @@ class GrantSettings:
     parts: tuple[str, ...]
     print_only: bool
     transaction_pooler: bool = False
+    routes: WriterRoutes | None = None  # an event writer's; None: every route
 
 
 @dataclass(frozen=True)

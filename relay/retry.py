@@ -39,6 +39,10 @@ RECORD_TOO_LARGE = FailureClass("record_too_large", retriable=False)
 TOO_LARGE = FailureClass("too_large", retriable=False, final=True)
 # Routed to a topic outside --allowed-topics.
 TOPIC_NOT_ALLOWED = FailureClass("topic_not_allowed", retriable=False, final=True)
+# Its id is that of an event already published with another key, aggregatetype or type:
+# consumers that deduplicate on the id would drop it, and its receipt would re-point the
+# other event's.
+DUPLICATE_ID = FailureClass("duplicate_id", retriable=False, final=True)
 AUTHORIZATION = FailureClass("authorization", retriable=False)
 INVALID_TOPIC = FailureClass("invalid_topic", retriable=False)
 INVALID_HEADERS = FailureClass("invalid_headers", retriable=False)
@@ -89,7 +93,7 @@ _BY_TYPE: tuple[tuple[type[BaseException], FailureClass], ...] = (
 )
 
 
-_FINAL_CAUSES = {TOO_LARGE.name: TOO_LARGE, TOPIC_NOT_ALLOWED.name: TOPIC_NOT_ALLOWED}
+_FINAL_CAUSES = {failure.name: failure for failure in (TOO_LARGE, TOPIC_NOT_ALLOWED, DUPLICATE_ID)}
 # The label of a failure nothing here knows (its name adds the error's type).
 UNEXPECTED = "unexpected"
 # Room for the type's name after "unexpected:" in last_error_class.

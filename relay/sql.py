@@ -132,7 +132,8 @@ SELECT r.seq AS seq,
        r.holds_key AS holds_key,
        r.size AS size,
        r.earlier AS earlier,
-       CASE WHEN r.fits THEN r.tracestate END AS tracestate
+       CASE WHEN r.fits THEN r.tracestate END AS tracestate,
+       r.duplicate AS duplicate
 FROM (
     SELECT c.*,
            -- seq is unique: ROWS, which looks for no peers, sums what RANGE would
@@ -173,7 +174,15 @@ FROM (
                      AND e.aggregateid = o.aggregateid
                    ORDER BY e.seq DESC
                    LIMIT 1
-               ) END AS earlier{_READY}        ORDER BY o.seq
+               ) END AS earlier,
+               -- its id is an event's already published with another key, aggregatetype
+               -- or type (a probe of the receipts' primary key): never sent
+               EXISTS (
+                   SELECT 1 FROM outbox_receipt p
+                   WHERE p.id = o.id
+                     AND NOT (p.aggregatetype = o.aggregatetype
+                              AND p.aggregateid = o.aggregateid AND p.type = o.type)
+               ) AS duplicate{_READY}        ORDER BY o.seq
         LIMIT $3
     ) c
     -- a fence: pulled up into the level above, each row's cost would be computed once
@@ -237,7 +246,11 @@ SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM outbox_seq_seq
 _RECEIPT_CONFLICT = """
     ON CONFLICT (id) DO UPDATE
     SET topic = EXCLUDED.topic, kafka_partition = EXCLUDED.kafka_partition,
-        kafka_offset = EXCLUDED.kafka_offset, published_at = EXCLUDED.published_at"""
+        kafka_offset = EXCLUDED.kafka_offset, published_at = EXCLUDED.published_at
+    -- the same event only: another one's receipt is never re-pointed
+    WHERE outbox_receipt.aggregatetype = EXCLUDED.aggregatetype
+      AND outbox_receipt.aggregateid = EXCLUDED.aggregateid
+      AND outbox_receipt.type = EXCLUDED.type"""
 
 
 def _record_published(on_conflict: str) -> str:

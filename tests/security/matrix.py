@@ -14,10 +14,15 @@ _NOTHING = {
     "relay_instance": NONE,
     "scoring_job_state": NONE,
     "outbox_relay_migration": NONE,
+    "outbox_relay_writer_route": NONE,
     "sequence outbox_seq_seq": NONE,
     "function outbox_relay_notify()": NONE,
     "function outbox_relay_guard_insert()": NONE,
     "function outbox_relay_measure()": NONE,
+    # SECURITY DEFINER, for every role that inserts (from PUBLIC): the door reads its
+    # routes through it (migration 0011)
+    "function outbox_relay_writer_routes(who name, OUT restricted boolean, "
+    "OUT aggregatetypes text[], OUT topic_prefixes text[])": "EXECUTE",
     "schema public": "USAGE",
 }
 

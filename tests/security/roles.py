@@ -9,7 +9,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import asyncpg
 
-from migrations.grants import apply_plan, plan_grants, read_facts
+from migrations.grants import WriterRoutes, apply_plan, plan_grants, read_facts
 
 NONE = "—"
 _COLUMN_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "REFERENCES")
@@ -50,11 +50,12 @@ async def drop_role(admin: asyncpg.Connection, name: str) -> None:
     await admin.execute(f'DROP ROLE IF EXISTS "{name}"')
 
 
-async def grant(url: str, role: str, *parts: str) -> None:
-    """``outbox-relay grant --to role --as part…`` through the same functions the verb calls."""
+async def grant(url: str, role: str, *parts: str, routes: WriterRoutes | None = None) -> None:
+    """``outbox-relay grant --to role --as part…`` through the same functions the verb calls
+    (an event writer with ``routes``; without, every route, as ``--any-route`` gives)."""
     conn = await asyncpg.connect(url)
     try:
-        await apply_plan(conn, plan_grants(role, parts, await read_facts(conn, role)))
+        await apply_plan(conn, plan_grants(role, parts, await read_facts(conn, role), routes))
     finally:
         await conn.close()
 

@@ -12,6 +12,7 @@ import pytest
 
 from migrations.grants import (
     FUNCTIONS,
+    PUBLIC_FUNCTIONS,
     SEQUENCES,
     TABLES,
     apply_plan,
@@ -81,7 +82,7 @@ async def test_every_object_of_the_migrated_schema_has_a_place_in_the_model(
     role = await make_role("probe")
     objects = set(await privilege_matrix(db, role.name)) - {"schema public"}
     modelled = {*TABLES, *(f"sequence {s}" for s in SEQUENCES)}
-    modelled |= {f"function {f}" for f in FUNCTIONS}
+    modelled |= {f"function {f}" for f in (*FUNCTIONS, *PUBLIC_FUNCTIONS)}
     assert objects == modelled
 
 
