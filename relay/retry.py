@@ -62,6 +62,30 @@ HELD_BEHIND_FAILURE = FailureClass("held_behind_failure", retriable=True)
 # the producer, so nothing it held can land later.
 PRODUCER_RESET = FailureClass("producer_reset", retriable=True)
 
+# A row whose created_at no RFC 3339 time can carry (relay/records.py).
+INVALID_CREATED_AT = FailureClass("invalid_created_at", retriable=False)
+
+# Every class with a fixed name that the relay counts (a lost lane is not counted): their
+# counters exist from the start (relay/metrics.py), so a rule's increase() sees a class's
+# first failures; a counter made at its first use would start at that value.
+NAMED_CLASSES = (
+    RECORD_TOO_LARGE,
+    TOO_LARGE,
+    TOPIC_NOT_ALLOWED,
+    AUTHORIZATION,
+    INVALID_TOPIC,
+    INVALID_HEADERS,
+    INVALID_CREATED_AT,
+    UNKNOWN_TOPIC,
+    BROKER_TIMEOUT,
+    BROKER_UNAVAILABLE,
+    PRODUCER_STATE,
+    TOPIC_LOOKUP,
+    BATCH_TOO_LARGE,
+    HELD_BEHIND_FAILURE,
+    PRODUCER_RESET,
+)
+
 # Retriable failures that say nothing about the broker answering: they never count toward
 # the streak of failed batches that makes the relay unready.
 NOT_BROKER_FAILURES = frozenset({TOPIC_LOOKUP, BATCH_TOO_LARGE, HELD_BEHIND_FAILURE})
