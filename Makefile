@@ -20,7 +20,7 @@ SERVICES_DOWN := $(if $(wildcard $(VPY)),$(VPY),"$(PYTHON)") -m scripts.services
 ENV_FILE := .services/env
 PYTEST_ARGS ?=
 
-.PHONY: help venv lock services-up services-down services-status services-env services-purge lint check test demo bench soak
+.PHONY: help venv lock generate services-up services-down services-status services-env services-purge lint check test demo bench soak
 
 help: ## this list, from the comment after each target's rule
 	@awk -F ':.*## ' '/^[a-z][a-z-]*:.*## / { printf "  %-16s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -46,6 +46,12 @@ PIP_COMPILE = $(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe -
 lock: venv ## re-resolve requirements.lock and requirements-runtime.lock (LOCK_UPGRADE=1: newest allowed)
 	$(PIP_COMPILE) --extra test --extra lint --extra bench --extra otel --output-file $(LOCK) pyproject.toml
 	$(PIP_COMPILE) --constraint $(LOCK) --output-file $(RUNTIME_LOCK) pyproject.toml
+
+# deploy/'s PrometheusRule and dashboard ConfigMap from docs/monitoring, the scoring events'
+# JSON Schemas from the contract (scripts/generate.py); tests/unit/test_generated.py fails
+# while one is stale.
+generate: venv ## write the files made from a source: deploy/'s rules and dashboard, docs/schemas
+	$(VPY) -m scripts.generate
 
 services-up: venv ## real PostgreSQL 15 (Debian) and 18, Kafka (KRaft), PgBouncer (transaction pooling)
 	$(SERVICES) up
@@ -88,7 +94,10 @@ test: venv lint ## lint, the services, every test; stops the services it started
 	started="$$(cat .services/started-by-last-up 2>/dev/null || true)"; \
 	set -a; . ./$(ENV_FILE); set +a; \
 	export OUTBOX_RELAY_REQUIRE_SERVICES=1; \
-	bash scripts/tools.sh ensure chromium || echo "chromium is missing: the status page test will fail" >&2; rc=0; $(VPY) -m pytest --durations=25 $(PYTEST_ARGS) || rc=$$?; \
+	for tool in chromium promtool node-packages; do \
+		bash scripts/tools.sh ensure "$$tool" || echo "$$tool is missing: the tests that use it will fail" >&2; \
+	done; \
+	rc=0; $(VPY) -m pytest --durations=25 $(PYTEST_ARGS) || rc=$$?; \
 	if [ "$$rc" -eq 5 ]; then echo "pytest collected no tests (exit 5): treated as failure" >&2; fi; \
 	exit "$$rc"
 
