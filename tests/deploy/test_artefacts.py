@@ -1,8 +1,9 @@
 """deploy/ renders with kustomize into objects the Kubernetes schemas of a current release
 accept (kubernetes-validate, offline) and the operators' objects their CRD schemas accept
-(the Prometheus operator's, scripts/node), a planted error is refused; a default
-kube-prometheus-stack selects the monitoring objects, two installs in a namespace select
-only their own pods. The Dockerfile and compose.yaml say what a platform
+(Strimzi's and the Prometheus operator's, scripts/node), a planted error is refused; a
+default kube-prometheus-stack selects the monitoring objects, two installs in a namespace
+select only their own pods, and the Strimzi overlay holds the ACLs docs/security.md lists
+and mounts what its settings name. The Dockerfile and compose.yaml say what a platform
 needs: the CLI as the entry point, a numeric user, a listen address PORT moves, the lock
 installed, labels, a stop grace longer than the drain."""
 
@@ -12,6 +13,7 @@ import copy
 import json
 import os
 import re
+import shlex
 import shutil
 import tomllib
 from pathlib import Path
@@ -28,6 +30,7 @@ from tests.deploy.conftest import (
     DEPLOY,
     EXAMPLE,
     REPO,
+    STRIMZI,
     Instruction,
     compose_services,
     dockerfile_stages,
@@ -41,13 +44,14 @@ KUBERNETES = "1.37.0"  # the newest schemas kubernetes-validate ships
 CUSTOM_GROUPS = ("monitoring.coreos.com", "kafka.strimzi.io")
 ALERTS = REPO / "docs" / "monitoring" / "alerts.yaml"
 DASHBOARD = REPO / "docs" / "monitoring" / "dashboard.json"
+SECURITY = REPO / "docs" / "security.md"
 # kube-prometheus-stack's defaults (chart 88.5.3, values.yaml and
 # templates/prometheus/prometheus.yaml): its Prometheus selects PodMonitors and
 # PrometheusRules labelled `release: <the Helm release>` (podMonitorSelectorNilUsesHelmValues,
 # ruleSelectorNilUsesHelmValues), its Grafana sidecar loads ConfigMaps labelled
 # grafana_dashboard: "1" in every namespace. The overlays use the usual release name.
 STACK_RELEASE = "kube-prometheus-stack"
-OVERLAYS = (EXAMPLE,)
+OVERLAYS = (EXAMPLE, STRIMZI)
 STACK_SELECTS = {
     "PodMonitor": {"release": STACK_RELEASE},
     "PrometheusRule": {"release": STACK_RELEASE},
@@ -208,7 +212,7 @@ def test_probes_wait_as_long_as_the_server_is_tested_to_answer(
             assert container[probe]["timeoutSeconds"] == PROMPT_S, (name, probe)
 
 
-@pytest.mark.parametrize("which", ["rendered"])
+@pytest.mark.parametrize("which", ["rendered", "rendered_strimzi"])
 def test_every_object_says_its_release_and_install(which: str, request: Any) -> None:
     objects: list[dict[str, Any]] = request.getfixturevalue(which)
     for obj in objects:
@@ -223,7 +227,7 @@ def test_every_object_says_its_release_and_install(which: str, request: Any) -> 
                 assert container["image"].endswith(f":{__version__}"), container["image"]
 
 
-@pytest.mark.parametrize("which", ["rendered"])
+@pytest.mark.parametrize("which", ["rendered", "rendered_strimzi"])
 def test_a_default_kube_prometheus_stack_loads_the_monitoring(which: str, request: Any) -> None:
     objects: list[dict[str, Any]] = request.getfixturevalue(which)
     selected = {
@@ -344,6 +348,115 @@ def _env_file(path: Path) -> dict[str, str]:
     return {key.strip(): value.strip() for key, value in pairs}
 
 
+# -- Strimzi -----------------------------------------------------------------------------------
+def test_the_strimzi_overlay_renders_to_objects_its_crds_accept(
+    rendered_strimzi: list[dict[str, Any]],
+) -> None:
+    kinds = sorted(o["kind"] for o in rendered_strimzi)
+    assert kinds == sorted(
+        [
+            *("ServiceAccount", "ConfigMap", "ConfigMap", "ConfigMap", "ConfigMap", "Secret"),
+            *("Deployment", "Deployment", "Job", "PodDisruptionBudget", "NetworkPolicy"),
+            *("PodMonitor", "PrometheusRule", "KafkaUser", "KafkaTopic"),
+        ]
+    )
+    assert validate(rendered_strimzi) == []
+    kustomization = yaml.safe_load((STRIMZI / "kustomization.yaml").read_text())
+    assert kustomization["components"] == ["../../components/network-policy"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "plant"),
+    [
+        # Strimzi calls a prefixed pattern `prefix`, not Kafka's `prefixed`.
+        (
+            "KafkaUser",
+            lambda s: s["authorization"]["acls"][0]["resource"].update(patternType="prefixed"),
+        ),
+        ("KafkaUser", lambda s: s["authorization"]["acls"][0]["operations"].append("Produce")),
+        ("KafkaUser", lambda s: s["authentication"].update(type="scram-sha-256")),
+        ("KafkaTopic", lambda s: s.update(partitions="six")),
+    ],
+)
+def test_a_planted_strimzi_error_is_refused(
+    rendered_strimzi: list[dict[str, Any]], kind: str, plant: Any
+) -> None:
+    broken = copy.deepcopy(rendered_strimzi)
+    plant(next(o for o in broken if o["kind"] == kind)["spec"])
+    (error,) = validate(broken)
+    assert error.startswith(f"{kind}/")
+
+
+def _documented_acls() -> tuple[str, str, set[str]]:
+    """The topic prefix, its pattern type and the operations of docs/security.md's
+    `kafka-acls.sh` line: what the relay's principal needs."""
+    (command,) = re.findall(r"^kafka-acls\.sh .*?(?<!\\)$", SECURITY.read_text(), re.M | re.S)
+    words = shlex.split(command.replace("\\\n", " "))
+    operations = {words[i + 1] for i, word in enumerate(words) if word == "--operation"}
+    topic = words[words.index("--topic") + 1]
+    pattern = words[words.index("--resource-pattern-type") + 1]
+    return topic, pattern, operations
+
+
+def test_the_kafka_user_holds_exactly_the_acls_security_md_lists(
+    rendered_strimzi: list[dict[str, Any]],
+) -> None:
+    topic, pattern, operations = _documented_acls()
+    assert operations == {"Write", "Describe", "DescribeConfigs"}
+    user = one(rendered_strimzi, "KafkaUser", "outbox-relay")["spec"]
+    (acl,) = user["authorization"]["acls"]
+    assert acl["resource"] == {
+        "type": "topic",
+        "name": topic,
+        "patternType": pattern.removesuffix("ed"),
+    }
+    assert set(acl["operations"]) == operations
+    # The topics the relay writes are under it: the template's fixed part.
+    template = RelayConfig.__dataclass_fields__["topic_template"].default
+    assert template.startswith(topic)
+    for obj in rendered_strimzi:
+        if obj["kind"] == "KafkaTopic":
+            assert obj["spec"]["topicName"] == template.format(aggregatetype="scoring_job")
+            assert obj["spec"]["config"]["min.insync.replicas"] < obj["spec"]["replicas"]
+
+
+def test_the_strimzi_relays_mount_what_their_settings_name(
+    rendered_strimzi: list[dict[str, Any]],
+) -> None:
+    user = one(rendered_strimzi, "KafkaUser", "outbox-relay")
+    cluster = user["metadata"]["labels"]["strimzi.io/cluster"]
+    config = one(rendered_strimzi, "ConfigMap", "outbox-relay-config")["data"]
+    assert config["KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
+    assert config["KAFKA_SASL_MECHANISM"].lower() == user["spec"]["authentication"]["type"]
+    assert config["KAFKA_SASL_USERNAME"] == user["metadata"]["name"]
+    assert config["OUTBOX_RELAY_REQUIRE_VERIFIED_TRANSPORT"] == "on"
+    assert config["KAFKA_BOOTSTRAP_SERVERS"].startswith(f"{cluster}-kafka-bootstrap.")
+    # Each file a setting names is a key of the Secret Strimzi (or you) writes.
+    wanted = {
+        config["KAFKA_SSL_CAFILE"]: (f"{cluster}-cluster-ca-cert", "ca.crt"),
+        config["KAFKA_SASL_PASSWORD_FILE"]: (user["metadata"]["name"], "password"),
+    }
+    relay = _pod(one(rendered_strimzi, "Deployment", "outbox-relay"))
+    (container,) = relay["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    wanted[env["PGSSLROOTCERT"]] = ("outbox-relay-postgres-ca", "ca.crt")
+    volumes = {v["name"]: v for v in relay["volumes"]}
+    for path, (secret, key) in wanted.items():
+        directory, _, file = path.rpartition("/")
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == directory]
+        assert mount["readOnly"] is True
+        source = volumes[mount["name"]]["secret"]
+        assert source["secretName"] == secret, path
+        assert file == key and (
+            key in {i["key"] for i in source.get("items", [])} or not source.get("items")
+        )
+    sidecar = _pod(one(rendered_strimzi, "Deployment", "outbox-relay-sidecar"))
+    (container,) = sidecar["containers"]
+    assert {e["name"]: e.get("value") for e in container["env"]}["PGSSLROOTCERT"] == env[
+        "PGSSLROOTCERT"
+    ]
+
+
 # -- the image ---------------------------------------------------------------------------------
 def test_the_image_runs_the_cli_as_a_numeric_user_listening_where_port_says(
     image: dict[str, Any],
@@ -415,7 +528,7 @@ def test_compose_runs_what_the_manifests_run_and_outlasts_the_drain(
         assert "OUTBOX_RELAY_POLICY" not in relay["environment"]
 
 
-@pytest.mark.parametrize("directory", OVERLAYS, ids=["example"])
+@pytest.mark.parametrize("directory", OVERLAYS, ids=["example", "strimzi"])
 def test_every_file_the_overlay_reads_is_in_it(directory: Path) -> None:
     kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
     for generator in kustomization["configMapGenerator"] + kustomization["secretGenerator"]:

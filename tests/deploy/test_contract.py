@@ -12,173 +12,29 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
 import yaml
 
 from tests.deploy.conftest import EXAMPLE, one
+from tests.deploy.pods import Cluster, Pod, run_once, running
 from tests.support import promtool
 from tests.support.http import get
-from tests.support.ports import free_port
 from tests.unit.test_monitoring_kit import ALERTS, DASHBOARD, metric_names
 
 NAMESPACE = "scoring-test"
 BACKLOG_PANEL = "Pending events"
 # The scrapes, held this long for promtool: longer than any rule's `for:` and range.
 HOLD_S = 45 * 60
-
-
-def _env_file(path: Path) -> dict[str, str]:
-    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
-    return {key.strip(): value.strip() for key, value in pairs}
-
-
-@dataclass(frozen=True)
-class Pod:
-    """One container as the kubelet would start it, turned into a process's argv and env."""
-
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    port: int | None
-
-
-class Cluster:
-    """What the manifests' references resolve to here: the overlay's ConfigMaps and Secret
-    (database addresses and roles pointed at the test's server), files the pods mount."""
-
-    def __init__(
-        self,
-        rendered: list[dict[str, Any]],
-        image: Mapping[str, Any],
-        *,
-        server_url: str,
-        bootstrap: str,
-        topic_template: str,
-        suffix: str,
-        workdir: Path,
-    ) -> None:
-        self.rendered = rendered
-        self.image = image
-        self.workdir = workdir
-        self.suffix = suffix
-        server = urlsplit(server_url)
-        self.config_maps: dict[str, dict[str, str]] = {}
-        for obj in rendered:
-            if obj["kind"] == "ConfigMap":
-                base = re.sub(r"-[a-z0-9]{10}$", "", obj["metadata"]["name"])
-                self.config_maps[obj["metadata"]["name"]] = dict(obj["data"])
-                self.config_maps[base] = dict(obj["data"])
-        for data in self.config_maps.values():
-            if "KAFKA_BOOTSTRAP_SERVERS" in data:
-                data["KAFKA_BOOTSTRAP_SERVERS"] = bootstrap
-                # Not the overlay's: topics of this test only.
-                data["OUTBOX_RELAY_TOPIC_TEMPLATE"] = topic_template
-            for key in ("WRITER_ROLE", "RELAY_ROLE", "SIDECAR_ROLE"):
-                if key in data:
-                    data[key] = data[key] + suffix
-        # The Secret's URLs: the overlay's role and password, this server's address.
-        self.secret: dict[str, str] = {}
-        for key, url in _env_file(EXAMPLE / "database.env").items():
-            parts = urlsplit(url)
-            netloc = f"{parts.username}{suffix}:{parts.password}@{server.hostname}:{server.port}"
-            self.secret[key] = urlunsplit(server._replace(netloc=netloc))
-        self.roles = {key: urlsplit(url).username or "" for key, url in self.secret.items()}
-        self.passwords = {key: urlsplit(url).password or "" for key, url in self.secret.items()}
-
-    def pod(self, container: Mapping[str, Any], volumes: list[dict[str, Any]], name: str) -> Pod:
-        """The process a container is: the image's entry point and env, then the pod's."""
-        env = dict(self.image["env"])
-        env.pop("PATH", None)
-        for source in container.get("envFrom", []):
-            env.update(self.config_maps[source["configMapRef"]["name"]])
-        for item in container.get("env", []):
-            if "value" in item:
-                env[item["name"]] = item["value"]
-                continue
-            ref = item["valueFrom"]
-            if "secretKeyRef" in ref:
-                env[item["name"]] = self.secret[ref["secretKeyRef"]["key"]]
-            elif ref.get("fieldRef", {}).get("fieldPath") == "metadata.name":
-                env[item["name"]] = name
-            else:
-                raise AssertionError(f"an env source the test does not resolve: {ref}")
-        # Mounted ConfigMaps become files; the env names them at the mount path.
-        for mount in container.get("volumeMounts", []):
-            (volume,) = [v for v in volumes if v["name"] == mount["name"]]
-            if "configMap" in volume:
-                directory = self.workdir / name / mount["name"]
-                directory.mkdir(parents=True, exist_ok=True)
-                for file, text in self.config_maps[volume["configMap"]["name"]].items():
-                    (directory / file).write_text(text)
-                for key, value in env.items():
-                    if value.startswith(mount["mountPath"] + "/"):
-                        env[key] = str(directory / value.removeprefix(mount["mountPath"] + "/"))
-        args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container["args"]]
-        ports = [p["containerPort"] for p in container.get("ports", [])]
-        port = None
-        if ports:
-            # The pod's own network: the declared port is the image's PORT, moved here to a
-            # free one so four pods share this machine's loopback.
-            assert ports == [int(env["PORT"])], (ports, env["PORT"])
-            port = free_port()
-            env["PORT"] = str(port)
-        entrypoint = [str(Path(sys.executable).parent / self.image["entrypoint"][0])]
-        return Pod(name, entrypoint + args, env, port)
-
-    def pods(self, kind: str, name: str, replicas: int = 1) -> list[Pod]:
-        """Every container of the workload, in the order the kubelet runs them."""
-        spec = one(self.rendered, kind, name)["spec"]["template"]["spec"]
-        volumes = spec.get("volumes", [])
-        containers = spec.get("initContainers", []) + spec["containers"]
-        return [
-            self.pod(container, volumes, f"{name}-{index}")
-            for index in range(replicas)
-            for container in containers
-        ]
-
-
-async def _run(pod: Pod) -> tuple[int, str]:
-    # The image's PATH puts its venv first: here, this one.
-    argv = [str(Path(sys.executable)) if pod.argv[0] == "python" else pod.argv[0], *pod.argv[1:]]
-    process = await asyncio.create_subprocess_exec(
-        *argv,
-        env={"PATH": os.environ["PATH"], **pod.env},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await asyncio.wait_for(process.communicate(), 120)
-    return process.returncode or 0, out.decode(errors="replace")
-
-
-@asynccontextmanager
-async def _running(pod: Pod, logs: Path) -> AsyncIterator[asyncio.subprocess.Process]:
-    with (logs / f"{pod.name}.log").open("wb") as log:
-        process = await asyncio.create_subprocess_exec(
-            *pod.argv, env={"PATH": os.environ["PATH"], **pod.env}, stdout=log, stderr=log
-        )
-    try:
-        yield process
-    finally:
-        if process.returncode is None:
-            process.terminate()
-            try:
-                await asyncio.wait_for(process.wait(), 30)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
 
 
 async def _status(pod: Pod, path: str) -> int | None:
@@ -383,9 +239,13 @@ async def test_the_manifests_run_as_processes_and_the_kit_reads_them_once(
     cluster = Cluster(
         rendered,
         image,
+        database_env=EXAMPLE / "database.env",
         server_url=empty_database_url,
-        bootstrap=kafka_bootstrap,
-        topic_template=f"{topic_namespace}.{{aggregatetype}}",
+        # Not the overlay's: this machine's broker, topics of this test only.
+        settings={
+            "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+            "OUTBOX_RELAY_TOPIC_TEMPLATE": f"{topic_namespace}.{{aggregatetype}}",
+        },
         suffix=f"_{uuid.uuid4().hex[:8]}",
         workdir=tmp_path,
     )
@@ -395,7 +255,7 @@ async def test_the_manifests_run_as_processes_and_the_kit_reads_them_once(
     try:
         # The Job: each step in order, each must succeed.
         for step in cluster.pods("Job", "outbox-relay-migrate"):
-            code, output = await _run(step)
+            code, output = await run_once(step)
             assert code == 0, (step.argv[1:], output)
         assert await admin.fetchval("SELECT count(*) FROM outbox_relay_migration") >= 5
         relay_role = cluster.roles["relay-url"]
@@ -411,14 +271,14 @@ async def test_the_manifests_run_as_processes_and_the_kit_reads_them_once(
         relays = cluster.pods("Deployment", "outbox-relay", replicas=3)
         async with AsyncExitStack() as stack:
             for pod in [sidecar, *relays]:
-                await stack.enter_async_context(_running(pod, tmp_path))
+                await stack.enter_async_context(running(pod, tmp_path))
             for pod in relays:
                 await _until(lambda p=pod: _is(p, "/readyz", 200), f"{pod.name} ready")
             await _until(lambda: _is(sidecar, "/livez", 200), "the sidecar live")
             # The image's HEALTHCHECK, run with each pod's environment, finds its server.
             for pod in [sidecar, *relays]:
                 check = Pod(pod.name, image["healthcheck"], pod.env, pod.port)
-                assert await _run(check) == (0, ""), pod.name
+                assert await run_once(check) == (0, ""), pod.name
 
             # Three relays publish: once the lanes are shared, each records some events.
             await _until(
