@@ -38,14 +38,16 @@ $(STAMP): pyproject.toml $(LOCK)
 	@touch $@
 
 # Refreshed on purpose, never as a side effect: the whole dependency set (runtime, build
-# backend and the test, lint, bench and otel extras) with hashes, then the runtime part the image
-# installs, pinned to the same versions. LOCK_UPGRADE=1 moves every pin to the newest
-# version pyproject.toml allows; without it only what pyproject.toml changed moves.
+# backend and every extra) with hashes, then the runtime part the image installs (the
+# dependencies and the otlp extra: run exports spans when OTEL_* asks), pinned to the same
+# versions. LOCK_UPGRADE=1 moves every pin to the newest version pyproject.toml allows;
+# without it only what pyproject.toml changed moves. A machine's wheel folder (pip's
+# find-links) is not written into the locks.
 PIP_COMPILE = $(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
-	--all-build-deps --no-emit-index-url $(if $(LOCK_UPGRADE),--upgrade)
+	--all-build-deps --no-emit-index-url --no-emit-find-links $(if $(LOCK_UPGRADE),--upgrade)
 lock: venv ## re-resolve requirements.lock and requirements-runtime.lock (LOCK_UPGRADE=1: newest allowed)
-	$(PIP_COMPILE) --extra test --extra lint --extra bench --extra otel --output-file $(LOCK) pyproject.toml
-	$(PIP_COMPILE) --constraint $(LOCK) --output-file $(RUNTIME_LOCK) pyproject.toml
+	$(PIP_COMPILE) --extra test --extra lint --extra bench --extra otel --extra otlp --output-file $(LOCK) pyproject.toml
+	$(PIP_COMPILE) --extra otlp --constraint $(LOCK) --output-file $(RUNTIME_LOCK) pyproject.toml
 
 # deploy/'s PrometheusRule and dashboard ConfigMap from docs/monitoring, the scoring events'
 # JSON Schemas from the contract (scripts/generate.py); tests/unit/test_generated.py fails

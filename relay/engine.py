@@ -618,10 +618,11 @@ class Relay:
                 "lease ending" if within_s >= lease_left_s else "broker did not answer in time"
             )
         outcome = sort_outcome(acknowledgements, submission.failures)
-        self._say_unexpected(
-            [(len(rows), answer) for rows, answer in acknowledgements]
-            + [(1, exc) for _, exc in submission.failures]
-        )
+        with batch.spans.current():
+            self._say_unexpected(
+                [(len(rows), answer) for rows, answer in acknowledgements]
+                + [(1, exc) for _, exc in submission.failures]
+            )
         batch.spans.end(outcome.failed[0][1].label if outcome.failed else None)
         # Until the failure is recorded, the database does not hold the key back yet.
         # Failures found before sending were held back when they were found. Held before
@@ -716,7 +717,8 @@ class Relay:
                 extra={"events": fenced},
             )
         if failed:
-            self._count_failures(failed, recorded.quarantined)
+            with batch.spans.current():  # its lines carry the batch's trace and span ids
+                self._count_failures(failed, recorded.quarantined)
 
     async def _write_outcome(
         self, fences: dict[int, int], units: list[_Unit]
