@@ -1,6 +1,6 @@
 """The npm packages in scripts/node (``bash scripts/tools.sh ensure node-packages``, which
 ``make test`` runs), called from the tests: custom resources validated against their
-operators' CRD schemas. Without node or the
+operators' CRD schemas, AsyncAPI documents read by the AsyncAPI parser. Without node or the
 packages a test fails under ``OUTBOX_RELAY_REQUIRE_SERVICES=1`` and is skipped otherwise."""
 
 from __future__ import annotations
@@ -47,3 +47,9 @@ def crd_errors(objects: list[dict[str, Any]]) -> list[str]:
     errors: list[str] = json.loads(_script("validate-objects.mjs", stdin=json.dumps(objects)))
     return errors
 
+
+def asyncapi_diagnostics(document: Path) -> list[dict[str, Any]]:
+    """What the AsyncAPI parser says of a document: each diagnostic's severity (0 error,
+    1 warning, 2 information, 3 hint), code, message and path."""
+    found: list[dict[str, Any]] = json.loads(_script("parse-asyncapi.mjs", str(document)))
+    return found
