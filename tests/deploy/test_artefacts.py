@@ -234,11 +234,11 @@ def test_a_default_kube_prometheus_stack_loads_the_monitoring(which: str, reques
         o["kind"]
         for o in objects
         if o["kind"] in STACK_SELECTS
-        and _matches(STACK_SELECTS[o["kind"]], o["metadata"]["labels"])
+        and _matches(STACK_SELECTS[o["kind"]], o["metadata"].get("labels", {}))
     }
     assert selected == set(STACK_SELECTS)
     # What Grafana's sidecar loads is the dashboard; what Prometheus loads, the rules.
-    (dashboard,) = [o for o in objects if "grafana_dashboard" in o["metadata"]["labels"]]
+    (dashboard,) = [o for o in objects if "grafana_dashboard" in o["metadata"].get("labels", {})]
     (text,) = dashboard["data"].values()
     assert json.loads(text) == json.loads(DASHBOARD.read_text())
     rule = one(objects, "PrometheusRule", "outbox-relay")
