@@ -37,6 +37,7 @@ from outbox_relay.settings import (
     Settings,
     SidecarOptions,
 )
+from outbox_relay.tracing import tracing_export
 from outbox_relay.transport import UnverifiedPath, refusal, unverified_kafka, unverified_postgres
 from pgconnect import POOLERS, TRANSACTION_POOLER, check_driver_settings, validate_database_url
 from relay.config import KafkaSecurity, RelayConfig, new_instance_id, require_utf8
@@ -906,6 +907,7 @@ def _service(args: argparse.Namespace, environ: Environ) -> ServiceSettings:
         ),
         runbook_url=RUNBOOK_URL.required(args, environ),
         relay_only=relay_only,
+        tracing=tracing_export(environ),
     )
 
 

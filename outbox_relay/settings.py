@@ -16,6 +16,7 @@ from contracts.ranges import NotNegative, Positive, check_ranges
 from health.families.completion_tracker import RECHECK_PERIOD_MS
 from health.sidecar import DATABASE_RETRY_MAX_MS, HTTP_MAX_CONNECTIONS
 from migrations.grants import WriterRoutes
+from outbox_relay.tracing import TracingExport
 from outbox_relay.transport import UnverifiedPath
 from relay.config import RelayConfig
 from relay.redrive import RedriveFilter
@@ -130,6 +131,8 @@ class ServiceSettings:
     """The network paths used without verifying the other end (outbox_relay/transport.py)."""
     relay_only: bool = False
     """``run --relay-only``: the relay evaluates no family and reads no database-wide state."""
+    tracing: TracingExport | None = None
+    """Where the process exports its spans, when the ``OTEL_*`` variables ask for it."""
 
     def __post_init__(self) -> None:
         # The sidecar alone (`run --no-relay`) has no relay configuration to refuse it.
