@@ -162,7 +162,9 @@ async def test_relay_behind_pgbouncer_without_a_listen_url_polls_and_says_why_on
     assert "--listen-database-url" in said[0].cause  # type: ignore[attr-defined]
     # The test role has no planner settings of its own: the relay names what is missing.
     (missing,) = [r for r in caplog.records if "not in effect" in r.getMessage()]
-    assert missing.settings == "enable_bitmapscan, enable_seqscan, enable_sort, jit"  # type: ignore[attr-defined]
+    assert missing.settings == (  # type: ignore[attr-defined]
+        "enable_bitmapscan, enable_seqscan, enable_sort, jit, statement_timeout"
+    )
 
 
 # -- the health sidecar ----------------------------------------------------------------------
