@@ -211,12 +211,14 @@ async def test_run_no_relay_serves_health_through_pgbouncer(
 async def test_run_with_the_relay_through_pgbouncer_is_within_bounds(
     behind_pgbouncer: PooledDatabase, kafka_bootstrap: str
 ) -> None:
-    # The relay's planner settings, set where the pooler's server connections pick them up.
+    # The relay's planner settings and statement timeout, set where the pooler's server
+    # connections pick them up.
     conn = await asyncpg.connect(behind_pgbouncer.direct)
     try:
         database = await conn.fetchval("SELECT current_database()")
         for name in ("enable_seqscan", "enable_bitmapscan", "enable_sort", "jit"):
             await conn.execute(f'ALTER DATABASE "{database}" SET {name} = off')
+        await conn.execute(f'ALTER DATABASE "{database}" SET statement_timeout = 5000')
     finally:
         await conn.close()
     # The shipped policy, relay family included: heartbeats and lanes through the pooler.

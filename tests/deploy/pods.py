@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import asyncpg
+
 from tests.deploy.conftest import one
 from tests.support.ports import free_port
 
@@ -70,7 +72,7 @@ class Cluster:
         for data in self.config_maps.values():
             if "KAFKA_BOOTSTRAP_SERVERS" in data:
                 data.update(settings)
-            for key in ("WRITER_ROLE", "RELAY_ROLE", "SIDECAR_ROLE"):
+            for key in ("WRITER_ROLE", "EVENT_WRITER_ROLE", "RELAY_ROLE", "SIDECAR_ROLE"):
                 if key in data:
                     data[key] = data[key] + suffix
         # The Secret's URLs: the overlay's role and password, this server's address.
@@ -140,6 +142,28 @@ class Cluster:
             for index in range(replicas)
             for container in containers
         ]
+
+
+async def make_roles(admin: asyncpg.Connection, cluster: Cluster, database: str) -> list[str]:
+    """The roles a DBA makes before the Job runs: one login per part, the Job's owning the
+    database."""
+    made = []
+    for key, role in cluster.roles.items():
+        await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+        password = cluster.passwords[key].replace("'", "''")
+        await admin.execute(f"CREATE ROLE \"{role}\" LOGIN PASSWORD '{password}'")
+        made.append(role)
+    owner = cluster.roles["migrate-url"]
+    await admin.execute(f'ALTER DATABASE "{database}" OWNER TO "{owner}"')
+    for key in ("WRITER_ROLE", "EVENT_WRITER_ROLE"):  # the applications' own roles
+        writer = cluster.config_maps["outbox-relay-roles"][key]
+        await admin.execute(f'DROP ROLE IF EXISTS "{writer}"')
+        await admin.execute(f'CREATE ROLE "{writer}"')
+        made.append(writer)
+    # The one grant the Job prints for a superuser (docs/security.md): the sidecar sees
+    # other roles' open transactions.
+    await admin.execute(f'GRANT pg_read_all_stats TO "{cluster.roles["sidecar-url"]}"')
+    return made
 
 
 async def run_once(pod: Pod) -> tuple[int, str]:

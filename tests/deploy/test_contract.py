@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from tests.deploy.conftest import EXAMPLE, MIGRATE_JOB, one
-from tests.deploy.pods import Cluster, Pod, run_once, running
+from tests.deploy.pods import Cluster, Pod, make_roles, run_once, running
 from tests.support import promtool
 from tests.support.http import get
 from tests.unit.test_monitoring_kit import ALERTS, DASHBOARD, metric_names
@@ -162,27 +162,6 @@ def _backlog_queries(pending: int) -> list[dict[str, Any]]:
     return queries
 
 
-async def _roles(admin: asyncpg.Connection, cluster: Cluster, database: str) -> list[str]:
-    """The roles a DBA makes before the Job runs: one login per part, the Job's owning the
-    database."""
-    made = []
-    for key, role in cluster.roles.items():
-        await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
-        password = cluster.passwords[key].replace("'", "''")
-        await admin.execute(f"CREATE ROLE \"{role}\" LOGIN PASSWORD '{password}'")
-        made.append(role)
-    owner = cluster.roles["migrate-url"]
-    await admin.execute(f'ALTER DATABASE "{database}" OWNER TO "{owner}"')
-    writer = cluster.config_maps["outbox-relay-roles"]["WRITER_ROLE"]
-    await admin.execute(f'DROP ROLE IF EXISTS "{writer}"')
-    await admin.execute(f'CREATE ROLE "{writer}"')
-    made.append(writer)
-    # The one grant the Job prints for a superuser (docs/security.md): the sidecar sees
-    # other roles' open transactions.
-    await admin.execute(f'GRANT pg_read_all_stats TO "{cluster.roles["sidecar-url"]}"')
-    return made
-
-
 _LANES_SHARED = """
 SELECT CASE WHEN count(*) = 64 THEN count(DISTINCT owner_id) END
 FROM relay_lane WHERE lease_expires_at > now()
@@ -251,7 +230,7 @@ async def test_the_manifests_run_as_processes_and_the_kit_reads_them_once(
     )
     admin = await asyncpg.connect(empty_database_url)
     await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-    roles = await _roles(admin, cluster, database)
+    roles = await make_roles(admin, cluster, database)
     try:
         # The Job: each step in order, each must succeed.
         for step in cluster.pods("Job", MIGRATE_JOB):
