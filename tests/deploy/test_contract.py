@@ -224,6 +224,7 @@ async def test_the_manifests_run_as_processes_and_the_kit_reads_them_once(
         settings={
             "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
             "OUTBOX_RELAY_TOPIC_TEMPLATE": f"{topic_namespace}.{{aggregatetype}}",
+            "OUTBOX_RELAY_ALLOWED_TOPICS": rf"{re.escape(topic_namespace)}\..*",
         },
         suffix=f"_{uuid.uuid4().hex[:8]}",
         workdir=tmp_path,

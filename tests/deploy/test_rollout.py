@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -182,6 +183,7 @@ async def test_a_rollout_waits_for_its_migration_job(
         settings={
             "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
             "OUTBOX_RELAY_TOPIC_TEMPLATE": f"{topic_namespace}.{{aggregatetype}}",
+            "OUTBOX_RELAY_ALLOWED_TOPICS": rf"{re.escape(topic_namespace)}\..*",
         },
         suffix=f"_{uuid.uuid4().hex[:8]}",
         workdir=tmp_path,
