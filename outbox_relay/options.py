@@ -540,7 +540,7 @@ GRANT_TO = Text(
 GRANT_AS = Repeated(
     flag="--as",
     verbs=frozenset({GRANT}),
-    help="writer|event-writer|relay|sidecar: the part the role runs (repeatable)",
+    help="writer|scoring-worker|event-writer|relay|sidecar: the part the role runs (repeatable)",
 )
 PRINT_ONLY = Switch(
     flag="--print", verbs=frozenset({GRANT}), help="print the SQL instead of running it"

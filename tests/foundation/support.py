@@ -30,6 +30,7 @@ SHIPPED = (
     "0006_writer_guard_pinned_search_path.sql",
     "0007_outbox_key_indexes.sql",
     "0008_outbox_tracestate.sql",
+    "0012_scoring_functions.sql",
 )
 
 # Environment the CLI reads; a test states every input it wants the process to see.
