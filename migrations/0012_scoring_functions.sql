@@ -223,6 +223,10 @@ DECLARE
     digits text;
     point integer;
     k integer;
+    rounded numeric;
+    candidate numeric;
+    shortest_j integer;
+    shortest_rounded numeric;
     printed text;
 BEGIN
     IF kind OPERATOR(pg_catalog.=) 'object'::text OR kind OPERATOR(pg_catalog.=) 'array'::text THEN
@@ -263,6 +267,7 @@ BEGIN
                             ELSE @schema@.outbox_relay_json_canonical(e.value, depth OPERATOR(pg_catalog.+) 1)
                        END AS canonical
                 FROM pg_catalog.jsonb_each(value) AS e
+                OFFSET 0  -- each member once: two aggregates read it, and may not re-run it
             ) AS m;
             IF missing OPERATOR(pg_catalog.>) 0 THEN
                 RETURN NULL;
@@ -281,6 +286,7 @@ BEGIN
                         ELSE @schema@.outbox_relay_json_canonical(e.value, depth OPERATOR(pg_catalog.+) 1)
                    END AS canonical
             FROM pg_catalog.jsonb_array_elements(value) WITH ORDINALITY AS e (value, i)
+            OFFSET 0  -- each element once: two aggregates read it, and may not re-run it
         ) AS a;
         IF missing OPERATOR(pg_catalog.>) 0 THEN
             RETURN NULL;
@@ -316,6 +322,32 @@ BEGIN
                                      OPERATOR(pg_catalog.-) pg_catalog.length(pg_catalog.ltrim(digits, '0'::text)));
     digits := pg_catalog.rtrim(pg_catalog.ltrim(digits, '0'::text), '0'::text);
     k := pg_catalog.length(digits);
+    -- PostgreSQL's shortest output leaves out the ends of a double's rounding interval, where
+    -- ECMAScript takes them: the double nearest 1e23 prints as 9.999999999999999e+22 here,
+    -- 1e+23 there. Only output of 16 or more digits can have a shorter such end, and then
+    -- every rounding between it and the output reads back as the double too: when one digit
+    -- fewer does, find the fewest that do.
+    IF k OPERATOR(pg_catalog.>=) 16 THEN
+        FOR j IN REVERSE k OPERATOR(pg_catalog.-) 1 .. 1 LOOP
+            rounded := pg_catalog.left(digits, j)::numeric OPERATOR(pg_catalog.+)
+                       CASE WHEN pg_catalog.ascii(pg_catalog.substr(digits, j OPERATOR(pg_catalog.+) 1, 1))
+                                 OPERATOR(pg_catalog.>=) 53  -- '5'
+                            THEN 1::numeric ELSE 0::numeric END;
+            candidate := (rounded::text OPERATOR(pg_catalog.||) 'e'::text
+                          OPERATOR(pg_catalog.||) (point OPERATOR(pg_catalog.-) j)::text)::numeric;
+            EXIT WHEN candidate OPERATOR(pg_catalog.>) 1.7976931348623157e308::numeric
+                      OR candidate::double precision OPERATOR(pg_catalog.<>) pg_catalog.abs(n)::double precision;
+            shortest_j := j;
+            shortest_rounded := rounded;
+        END LOOP;
+        IF shortest_j IS NOT NULL THEN
+            -- rounding up may carry into one more digit (9.99… to 10)
+            point := point OPERATOR(pg_catalog.+) pg_catalog.length(shortest_rounded::text)
+                     OPERATOR(pg_catalog.-) shortest_j;
+            digits := pg_catalog.rtrim(shortest_rounded::text, '0'::text);
+            k := pg_catalog.length(digits);
+        END IF;
+    END IF;
     IF k OPERATOR(pg_catalog.<=) point AND point OPERATOR(pg_catalog.<=) 21 THEN
         printed := digits OPERATOR(pg_catalog.||) pg_catalog.repeat('0'::text, point OPERATOR(pg_catalog.-) k);
     ELSIF 0 OPERATOR(pg_catalog.<) point AND point OPERATOR(pg_catalog.<=) 21 THEN
@@ -335,9 +367,12 @@ BEGIN
     IF negative THEN
         printed := '-'::text OPERATOR(pg_catalog.||) printed;
     END IF;
-    -- A number the double does not carry as given (2^53 + 1, 0.1000000000000000055...) would
-    -- reach a consumer as another number than the one written: refused, not rounded.
-    IF printed::numeric OPERATOR(pg_catalog.<>) n THEN
+    -- A number written with other digits than a double prints (2^53 + 1, 3.14159265358979323846)
+    -- would reach a consumer as another number than the one written: refused, not rounded.
+    -- Either shortest form is taken: ECMAScript's, and PostgreSQL's own float8 text, which
+    -- is how a payload built from a float8 in SQL spells it.
+    IF printed::numeric OPERATOR(pg_catalog.<>) n
+       AND n::double precision::text::numeric OPERATOR(pg_catalog.<>) n THEN
         RETURN NULL;
     END IF;
     RETURN printed;
