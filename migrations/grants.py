@@ -340,6 +340,13 @@ def search_path_of(schema: str) -> str:
 
 def plan_grants(role: str, parts: tuple[str, ...], facts: SchemaFacts) -> GrantPlan:
     """The statements that give ``role`` exactly what ``parts`` need, split by who can run them."""
+    if role == SCORING_FUNCTIONS_OWNER:
+        # Its privileges come with migration 0012; taking them away (REVOKE ALL on the
+        # functions it owns) would stop every scoring function.
+        raise ConfigError(
+            f"--to {SCORING_FUNCTIONS_OWNER}: that role owns the scoring functions and gets "
+            'its privileges from migrate (docs/operations.md, "The scoring functions\' owner")'
+        )
     schema = quote_schema(facts.schema)
     ours: list[str] = []
     others: dict[str, list[str]] = {}

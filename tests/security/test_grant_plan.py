@@ -12,6 +12,7 @@ from migrations.grants import (
     EXECUTE,
     FUNCTIONS,
     PARTS,
+    SCORING_FUNCTIONS_OWNER,
     TABLES,
     Access,
     SchemaFacts,
@@ -165,6 +166,12 @@ def test_the_scoring_functions_are_executed_by_the_scoring_worker_and_the_writer
     # Every function, the helpers included, is taken from PUBLIC.
     revoked = [s for s in plan_grants("app", (part,), facts()).statements if "FROM PUBLIC" in s]
     assert len(revoked) == len(FUNCTIONS)
+
+
+def test_the_scoring_functions_owner_is_no_grant_target() -> None:
+    # Its privileges come from migration 0012; a plan for it would revoke its own EXECUTE.
+    with pytest.raises(ConfigError, match=SCORING_FUNCTIONS_OWNER):
+        plan_grants(SCORING_FUNCTIONS_OWNER, ("writer",), facts())
 
 
 def test_the_scoring_worker_gets_nothing_on_any_table() -> None:
