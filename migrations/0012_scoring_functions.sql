@@ -162,7 +162,10 @@ CREATE TYPE @schema@.outbox_relay_event AS (
     causation_ref   text,
     schema_version  text,
     traceparent     text,
-    tracestate      text
+    tracestate      text,
+    -- the envelope's canonical text before and after its occurred_at_unix_ms value
+    envelope_head   text,
+    envelope_tail   text
 )
 $ddl$,
 -- -- helpers ----------------------------------------------------------------------------------
@@ -173,27 +176,31 @@ $ddl$,
 $ddl$
 CREATE FUNCTION @schema@.outbox_relay_text_problem(value text, rule text, max_bytes integer)
 RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $fn$
-SELECT CASE
-    WHEN rule OPERATOR(pg_catalog.=) 'ref'::text THEN CASE
-        WHEN value OPERATOR(pg_catalog.=) ''::text THEN 'must not be empty'
-        WHEN pg_catalog.btrim(value, ' '::text) OPERATOR(pg_catalog.<>) value
-            THEN 'must not start or end with a space'
-        WHEN value OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f]'::text
-            THEN 'must not contain control characters'
-        WHEN value OPERATOR(pg_catalog.~) '^[0-9+,.eE-]+$'::text
-             AND value OPERATOR(pg_catalog.~) '[0-9]'::text
-            THEN pg_catalog.format('must not look like a number (%L)', value)
-    END
-    WHEN value OPERATOR(pg_catalog.=) ''::text
-         OR value OPERATOR(pg_catalog.~)
-            '[\x01-\x20\x7f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]'::text
-        THEN 'must be non-empty, without whitespace or control characters'
-    WHEN pg_catalog.octet_length(value) OPERATOR(pg_catalog.>) max_bytes
-        THEN pg_catalog.format('is %s bytes, at most %s allowed',
-                               pg_catalog.octet_length(value), max_bytes)
+BEGIN
+    RETURN (
+        SELECT CASE
+            WHEN rule OPERATOR(pg_catalog.=) 'ref'::text THEN CASE
+                WHEN value OPERATOR(pg_catalog.=) ''::text THEN 'must not be empty'
+                WHEN pg_catalog.btrim(value, ' '::text) OPERATOR(pg_catalog.<>) value
+                    THEN 'must not start or end with a space'
+                WHEN value OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f]'::text
+                    THEN 'must not contain control characters'
+                WHEN value OPERATOR(pg_catalog.~) '^[0-9+,.eE-]+$'::text
+                     AND value OPERATOR(pg_catalog.~) '[0-9]'::text
+                    THEN pg_catalog.format('must not look like a number (%L)', value)
+            END
+            WHEN value OPERATOR(pg_catalog.=) ''::text
+                 OR value OPERATOR(pg_catalog.~)
+                    '[\x01-\x20\x7f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]'::text
+                THEN 'must be non-empty, without whitespace or control characters'
+            WHEN pg_catalog.octet_length(value) OPERATOR(pg_catalog.>) max_bytes
+                THEN pg_catalog.format('is %s bytes, at most %s allowed',
+                                       pg_catalog.octet_length(value), max_bytes)
+        END
+    );
 END
 $fn$
 $ddl$,
@@ -235,7 +242,7 @@ BEGIN
         END IF;
         IF kind OPERATOR(pg_catalog.=) 'object'::text THEN
             SELECT pg_catalog.string_agg(
-                       pg_catalog.to_jsonb(m.key)::text OPERATOR(pg_catalog.||) ':'::text
+                       pg_catalog.to_json(m.key)::text OPERATOR(pg_catalog.||) ':'::text
                            OPERATOR(pg_catalog.||) m.canonical,
                        ','::text
                        ORDER BY CASE
@@ -444,23 +451,27 @@ $ddl$,
 $ddl$
 CREATE FUNCTION @schema@.outbox_relay_terminal_event_id(job_ref text, kind text, outcome_ref text)
 RETURNS uuid
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $fn$
-SELECT pg_catalog.encode(
-           pg_catalog.set_byte(
-               pg_catalog.set_byte(h.bytes, 6,
-                   (pg_catalog.get_byte(h.bytes, 6) OPERATOR(pg_catalog.&) 15) OPERATOR(pg_catalog.|) 128),
-               8, (pg_catalog.get_byte(h.bytes, 8) OPERATOR(pg_catalog.&) 63) OPERATOR(pg_catalog.|) 128),
-           'hex'::text)::uuid
-FROM (
-    SELECT pg_catalog.substring(pg_catalog.sha256(pg_catalog.string_agg(
-               pg_catalog.int8send(pg_catalog.octet_length(pg_catalog.convert_to(f.field, 'UTF8'::name))::bigint)
-                   OPERATOR(pg_catalog.||) pg_catalog.convert_to(f.field, 'UTF8'::name),
-               ''::bytea ORDER BY f.i)), 1, 16) AS bytes
-    FROM pg_catalog.unnest(ARRAY['outbox-relay/scoring-terminal-event/v1'::text, job_ref, kind, outcome_ref])
-         WITH ORDINALITY AS f (field, i)
-) AS h
+BEGIN
+    RETURN (
+        SELECT pg_catalog.encode(
+                   pg_catalog.set_byte(
+                       pg_catalog.set_byte(h.bytes, 6,
+                           (pg_catalog.get_byte(h.bytes, 6) OPERATOR(pg_catalog.&) 15) OPERATOR(pg_catalog.|) 128),
+                       8, (pg_catalog.get_byte(h.bytes, 8) OPERATOR(pg_catalog.&) 63) OPERATOR(pg_catalog.|) 128),
+                   'hex'::text)::uuid
+        FROM (
+            SELECT pg_catalog.substring(pg_catalog.sha256(pg_catalog.string_agg(
+                       pg_catalog.int8send(pg_catalog.octet_length(pg_catalog.convert_to(f.field, 'UTF8'::name))::bigint)
+                           OPERATOR(pg_catalog.||) pg_catalog.convert_to(f.field, 'UTF8'::name),
+                       ''::bytea ORDER BY f.i)), 1, 16) AS bytes
+            FROM pg_catalog.unnest(ARRAY['outbox-relay/scoring-terminal-event/v1'::text, job_ref, kind, outcome_ref])
+                 WITH ORDINALITY AS f (field, i)
+        ) AS h
+    );
+END
 $fn$
 $ddl$,
 -- Everything about a job's terminal event that can be checked before any write, and the
@@ -541,22 +552,27 @@ BEGIN
     e.event_type := coalesce(event_type, CASE WHEN kind OPERATOR(pg_catalog.=) 'completed'::text
                                               THEN 'scoring.result.completed'::text
                                               ELSE 'scoring.job.failed'::text END);
-    FOR checked_field, checked_value, problem IN
-        SELECT c.field, c.value, ARRAY[@schema@.outbox_relay_text_problem(c.value, c.rule, c.max_bytes)]
-        FROM (VALUES (1, 'event_type'::text, e.event_type, 'token'::text, 128),
-                     (2, 'schema_version', schema_version, 'token', 64),
-                     (3, 'source', source, 'token', 1024),
-                     (4, 'tenant_ref', tenant_ref, 'ref', NULL),
-                     (5, 'correlation_ref', correlation_ref, 'ref', NULL),
-                     (6, 'causation_ref', causation_ref, 'ref', NULL)) AS c (i, field, value, rule, max_bytes)
-        WHERE c.value IS NOT NULL OR c.field OPERATOR(pg_catalog.<>) 'causation_ref'::text
-        ORDER BY c.i
-    LOOP
+    FOREACH checked_field IN ARRAY ARRAY['event_type', 'schema_version', 'source', 'tenant_ref',
+                                         'correlation_ref', 'causation_ref']::text[] LOOP
+        checked_value := CASE
+            WHEN checked_field OPERATOR(pg_catalog.=) 'event_type'::text THEN e.event_type
+            WHEN checked_field OPERATOR(pg_catalog.=) 'schema_version'::text THEN schema_version
+            WHEN checked_field OPERATOR(pg_catalog.=) 'source'::text THEN source
+            WHEN checked_field OPERATOR(pg_catalog.=) 'tenant_ref'::text THEN tenant_ref
+            WHEN checked_field OPERATOR(pg_catalog.=) 'correlation_ref'::text THEN correlation_ref
+            ELSE causation_ref END;
+        CONTINUE WHEN checked_value IS NULL AND checked_field OPERATOR(pg_catalog.=) 'causation_ref'::text;
         IF checked_value IS NULL THEN
             e.refusal_field := checked_field;
             e.refusal_message := checked_field OPERATOR(pg_catalog.||) ': is required'::text;
             RETURN e;
         END IF;
+        problem := ARRAY[@schema@.outbox_relay_text_problem(
+            checked_value,
+            CASE WHEN checked_field OPERATOR(pg_catalog.~) '_ref$'::text THEN 'ref'::text ELSE 'token'::text END,
+            CASE WHEN checked_field OPERATOR(pg_catalog.=) 'event_type'::text THEN 128
+                 WHEN checked_field OPERATOR(pg_catalog.=) 'schema_version'::text THEN 64
+                 ELSE 1024 END)];
         IF problem[1] IS NOT NULL THEN
             e.refusal_field := checked_field;
             e.refusal_message := checked_field OPERATOR(pg_catalog.||) ': '::text OPERATOR(pg_catalog.||) problem[1];
@@ -587,6 +603,20 @@ BEGIN
     e.schema_version := schema_version;
     e.traceparent := traceparent;
     e.tracestate := tracestate;
+    -- The envelope's members in RFC 8785 order (all ASCII names, so plain byte order), its
+    -- strings escaped as JCS escapes them (json's own escaping is the same).
+    e.envelope_head := '{"causation_ref":'::text
+        OPERATOR(pg_catalog.||) coalesce(pg_catalog.to_json(causation_ref)::text, 'null'::text)
+        OPERATOR(pg_catalog.||) ',"correlation_ref":'::text OPERATOR(pg_catalog.||) pg_catalog.to_json(correlation_ref)::text
+        OPERATOR(pg_catalog.||) ',"event_ref":"'::text OPERATOR(pg_catalog.||) e.event_id::text
+        OPERATOR(pg_catalog.||) '","event_type":'::text OPERATOR(pg_catalog.||) pg_catalog.to_json(e.event_type)::text
+        OPERATOR(pg_catalog.||) ',"occurred_at_unix_ms":'::text;
+    e.envelope_tail := ',"payload_digest":"'::text OPERATOR(pg_catalog.||) e.payload_digest
+        OPERATOR(pg_catalog.||) '","schema_version":'::text OPERATOR(pg_catalog.||) pg_catalog.to_json(schema_version)::text
+        OPERATOR(pg_catalog.||) ',"source":'::text OPERATOR(pg_catalog.||) pg_catalog.to_json(source)::text
+        OPERATOR(pg_catalog.||) ',"subject_ref":'::text OPERATOR(pg_catalog.||) pg_catalog.to_json(job_ref)::text
+        OPERATOR(pg_catalog.||) ',"tenant_ref":'::text OPERATOR(pg_catalog.||) pg_catalog.to_json(tenant_ref)::text
+        OPERATOR(pg_catalog.||) '}'::text;
     -- The record's value is the stored payload as compact JSON: the canonical text, but
     -- with each number as jsonb prints it (1e+30 comes out as 31 digits).
     SELECT pg_catalog.octet_length(@schema@.outbox_relay_event_body(e, placeholder))::bigint
@@ -615,18 +645,16 @@ $ddl$,
 $ddl$
 CREATE FUNCTION @schema@.outbox_relay_event_body(e @schema@.outbox_relay_event, occurred_at_unix_ms bigint)
 RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-SET extra_float_digits = 1
 AS $fn$
-SELECT '{"data":'::text OPERATOR(pg_catalog.||) e.data OPERATOR(pg_catalog.||) ',"envelope":'::text
-       OPERATOR(pg_catalog.||) @schema@.outbox_relay_json_canonical(pg_catalog.jsonb_build_object(
-           'event_ref'::text, e.event_id::text, 'event_type'::text, e.event_type,
-           'schema_version'::text, e.schema_version, 'source'::text, e.source,
-           'tenant_ref'::text, e.tenant_ref, 'subject_ref'::text, e.job_ref,
-           'occurred_at_unix_ms'::text, occurred_at_unix_ms, 'correlation_ref'::text, e.correlation_ref,
-           'payload_digest'::text, e.payload_digest, 'causation_ref'::text, e.causation_ref))
-       OPERATOR(pg_catalog.||) '}'::text
+BEGIN
+    RETURN (
+        SELECT '{"data":'::text OPERATOR(pg_catalog.||) e.data OPERATOR(pg_catalog.||) ',"envelope":'::text
+               OPERATOR(pg_catalog.||) e.envelope_head OPERATOR(pg_catalog.||) occurred_at_unix_ms::text
+               OPERATOR(pg_catalog.||) e.envelope_tail OPERATOR(pg_catalog.||) '}'::text
+    );
+END
 $fn$
 $ddl$,
 -- Is the event already there, pending in the outbox or published (its receipt)? NULL: no;
@@ -636,29 +664,33 @@ $ddl$,
 $ddl$
 CREATE FUNCTION @schema@.outbox_relay_find_event(e @schema@.outbox_relay_event)
 RETURNS text
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $fn$
-SELECT CASE WHEN pg_catalog.count(*) OPERATOR(pg_catalog.=) 0 THEN NULL
-            WHEN pg_catalog.bool_and(f.same) THEN 'same'
-            ELSE 'different' END
-FROM (
-    SELECT o.aggregatetype OPERATOR(pg_catalog.=) 'scoring_job'::text
-           AND o.aggregateid OPERATOR(pg_catalog.=) e.job_ref
-           AND o.type OPERATOR(pg_catalog.=) e.event_type
-           AND coalesce(o.tenant_ref OPERATOR(pg_catalog.=) e.tenant_ref, false)
-           AND coalesce(o.schema_version OPERATOR(pg_catalog.=) e.schema_version, false)
-           AND coalesce((o.payload OPERATOR(pg_catalog.#>>) '{envelope,payload_digest}'::text[])
-                        OPERATOR(pg_catalog.=) e.payload_digest, false) AS same
-    FROM @schema@.outbox o
-    WHERE o.id OPERATOR(pg_catalog.=) e.event_id
-    UNION ALL
-    SELECT r.aggregatetype OPERATOR(pg_catalog.=) 'scoring_job'::text
-           AND r.aggregateid OPERATOR(pg_catalog.=) e.job_ref
-           AND r.type OPERATOR(pg_catalog.=) e.event_type
-    FROM @schema@.outbox_receipt r
-    WHERE r.id OPERATOR(pg_catalog.=) e.event_id
-) AS f
+BEGIN
+    RETURN (
+        SELECT CASE WHEN pg_catalog.count(*) OPERATOR(pg_catalog.=) 0 THEN NULL
+                    WHEN pg_catalog.bool_and(f.same) THEN 'same'
+                    ELSE 'different' END
+        FROM (
+            SELECT o.aggregatetype OPERATOR(pg_catalog.=) 'scoring_job'::text
+                   AND o.aggregateid OPERATOR(pg_catalog.=) e.job_ref
+                   AND o.type OPERATOR(pg_catalog.=) e.event_type
+                   AND coalesce(o.tenant_ref OPERATOR(pg_catalog.=) e.tenant_ref, false)
+                   AND coalesce(o.schema_version OPERATOR(pg_catalog.=) e.schema_version, false)
+                   AND coalesce((o.payload OPERATOR(pg_catalog.#>>) '{envelope,payload_digest}'::text[])
+                                OPERATOR(pg_catalog.=) e.payload_digest, false) AS same
+            FROM @schema@.outbox o
+            WHERE o.id OPERATOR(pg_catalog.=) e.event_id
+            UNION ALL
+            SELECT r.aggregatetype OPERATOR(pg_catalog.=) 'scoring_job'::text
+                   AND r.aggregateid OPERATOR(pg_catalog.=) e.job_ref
+                   AND r.type OPERATOR(pg_catalog.=) e.event_type
+            FROM @schema@.outbox_receipt r
+            WHERE r.id OPERATOR(pg_catalog.=) e.event_id
+        ) AS f
+    );
+END
 $fn$
 $ddl$,
 -- Enqueue the event unless it is already there: 'inserted' or 'duplicate'. Another event
@@ -712,27 +744,33 @@ $ddl$
 CREATE FUNCTION @schema@.outbox_relay_quarantine_job(
     job_ref text, fencing_token bigint, cause_code text, lease_must_be_expired boolean)
 RETURNS bigint
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $fn$
-UPDATE @schema@.scoring_job_state
-SET scoring_state = 'quarantined',
-    last_failure_code = cause_code,
-    next_attempt_at_unix_ms = NULL,
-    active_worker_ref = NULL,
-    active_lease_ref = NULL,
-    active_fencing_token = NULL,
-    active_lease_expires_at_unix_ms = NULL,
-    updated_at = pg_catalog.clock_timestamp()
-WHERE scoring_job_ref OPERATOR(pg_catalog.=) job_ref
-  AND scoring_state OPERATOR(pg_catalog.=) 'leased'::text
-  AND active_fencing_token OPERATOR(pg_catalog.=) fencing_token
-  AND (active_lease_expires_at_unix_ms OPERATOR(pg_catalog.<)
-       pg_catalog.floor(pg_catalog.extract('epoch'::text, pg_catalog.clock_timestamp())
-                        OPERATOR(pg_catalog.*) 1000::numeric)::bigint)
-      OPERATOR(pg_catalog.=) lease_must_be_expired
-RETURNING pg_catalog.floor(pg_catalog.extract('epoch'::text, updated_at)
-                           OPERATOR(pg_catalog.*) 1000::numeric)::bigint
+DECLARE
+    occurred bigint;
+BEGIN
+    UPDATE @schema@.scoring_job_state
+    SET scoring_state = 'quarantined',
+        last_failure_code = cause_code,
+        next_attempt_at_unix_ms = NULL,
+        active_worker_ref = NULL,
+        active_lease_ref = NULL,
+        active_fencing_token = NULL,
+        active_lease_expires_at_unix_ms = NULL,
+        updated_at = pg_catalog.clock_timestamp()
+    WHERE scoring_job_ref OPERATOR(pg_catalog.=) job_ref
+      AND scoring_state OPERATOR(pg_catalog.=) 'leased'::text
+      AND active_fencing_token OPERATOR(pg_catalog.=) fencing_token
+      AND (active_lease_expires_at_unix_ms OPERATOR(pg_catalog.<)
+           pg_catalog.floor(pg_catalog.extract('epoch'::text, pg_catalog.clock_timestamp())
+                            OPERATOR(pg_catalog.*) 1000::numeric)::bigint)
+          OPERATOR(pg_catalog.=) lease_must_be_expired
+    RETURNING pg_catalog.floor(pg_catalog.extract('epoch'::text, updated_at)
+                               OPERATOR(pg_catalog.*) 1000::numeric)::bigint
+    INTO occurred;
+    RETURN occurred;
+END
 $fn$
 $ddl$,
 -- A refusal as a result row.
@@ -740,11 +778,15 @@ $ddl$
 CREATE FUNCTION @schema@.outbox_relay_refusal(
     job_ref text, refusal text, refusal_field text, refusal_message text, refusal_detail jsonb)
 RETURNS @schema@.outbox_relay_outcome
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $fn$
-SELECT ROW(job_ref, 'refused', NULL, NULL, NULL, NULL, refusal, refusal_field, refusal_message,
-           refusal_detail)::@schema@.outbox_relay_outcome
+BEGIN
+    RETURN (
+        SELECT ROW(job_ref, 'refused', NULL, NULL, NULL, NULL, refusal, refusal_field, refusal_message,
+                   refusal_detail)::@schema@.outbox_relay_outcome
+    );
+END
 $fn$
 $ddl$,
 -- Lock the job and decide a completion or permanent failure ('completed' / 'failed') or a
@@ -849,16 +891,20 @@ $ddl$,
 $ddl$
 CREATE FUNCTION @schema@.outbox_relay_expired_meanwhile(job_ref text, decided @schema@.outbox_relay_outcome)
 RETURNS @schema@.outbox_relay_outcome
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $fn$
-SELECT @schema@.outbox_relay_refusal(job_ref, 'lease_expired', NULL,
-    pg_catalog.format('job %L: lease expired at %s (database clock %s)', pg_catalog.left(job_ref, 200),
-                      decided.refusal_detail OPERATOR(pg_catalog.->>) 'expired_at_unix_ms'::text, c.now_unix_ms),
-    pg_catalog.jsonb_build_object('expired_at_unix_ms'::text, decided.refusal_detail OPERATOR(pg_catalog.->) 'expired_at_unix_ms'::text,
-                                  'now_unix_ms'::text, c.now_unix_ms))
-FROM (SELECT pg_catalog.floor(pg_catalog.extract('epoch'::text, pg_catalog.clock_timestamp())
-                              OPERATOR(pg_catalog.*) 1000::numeric)::bigint AS now_unix_ms) AS c
+BEGIN
+    RETURN (
+        SELECT @schema@.outbox_relay_refusal(job_ref, 'lease_expired', NULL,
+            pg_catalog.format('job %L: lease expired at %s (database clock %s)', pg_catalog.left(job_ref, 200),
+                              decided.refusal_detail OPERATOR(pg_catalog.->>) 'expired_at_unix_ms'::text, c.now_unix_ms),
+            pg_catalog.jsonb_build_object('expired_at_unix_ms'::text, decided.refusal_detail OPERATOR(pg_catalog.->) 'expired_at_unix_ms'::text,
+                                          'now_unix_ms'::text, c.now_unix_ms))
+        FROM (SELECT pg_catalog.floor(pg_catalog.extract('epoch'::text, pg_catalog.clock_timestamp())
+                                      OPERATOR(pg_catalog.*) 1000::numeric)::bigint AS now_unix_ms) AS c
+    );
+END
 $fn$
 $ddl$,
 -- Argument checks the four share: NULL, or the refusal.

@@ -362,6 +362,26 @@ async def test_the_pinned_id_is_derived_in_sql_too(db: asyncpg.Connection) -> No
     ) == uuid.UUID("6f78001f-93f1-823d-896f-5877aa77314a")
 
 
+@pytest.mark.parametrize("causation_ref", [None, "cause-ü"])
+async def test_the_whole_body_is_canonical_text(
+    db: asyncpg.Connection, causation_ref: str | None
+) -> None:
+    # The envelope is assembled member by member (its names are fixed): held to JCS here.
+    body = await db.fetchval(
+        "SELECT outbox_relay_event_body(outbox_relay_prepare_event('completed', 'job-é', 'r-1',"
+        " $1::jsonb, 'urn:scoring/é', 'tenant-\u00fc', 'corr\"1', '1', $2, NULL, NULL, NULL,"
+        " NULL, 1000000), 1767225600123)",
+        json.dumps({"z": [1e30, "\u2028"], "a": {"\ud83d\ude00": None, "\ufb33": True}}),
+        causation_ref,
+    )
+    assert body == canonical_json(json.loads(body)).decode("utf-8")
+    envelope = json.loads(body)["envelope"]
+    assert (envelope["causation_ref"], envelope["occurred_at_unix_ms"]) == (
+        causation_ref,
+        1767225600123,
+    )
+
+
 # -- the size the writer checks is the size the relay sends ----------------------------------------
 
 
