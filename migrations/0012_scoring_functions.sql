@@ -314,6 +314,11 @@ BEGIN
     IF n OPERATOR(pg_catalog.=) 0::numeric THEN
         RETURN '0';
     END IF;
+    -- An integer a double holds exactly prints as its digits.
+    IF n OPERATOR(pg_catalog.=) pg_catalog.trunc(n)
+       AND pg_catalog.abs(n) OPERATOR(pg_catalog.<=) 9007199254740991::numeric THEN
+        RETURN pg_catalog.trunc(n)::text;
+    END IF;
     -- The double's shortest digits and exponent, laid out as ECMAScript's Number::toString.
     shortest := n::double precision::text;
     negative := pg_catalog.left(shortest, 1) OPERATOR(pg_catalog.=) '-'::text;
