@@ -551,7 +551,7 @@ GRANT_TO = Text(
 GRANT_AS = Repeated(
     flag="--as",
     verbs=frozenset({GRANT}),
-    help="writer|event-writer|relay|sidecar: the part the role runs (repeatable)",
+    help="writer|scoring-worker|event-writer|relay|sidecar: the part the role runs (repeatable)",
 )
 GRANT_AGGREGATETYPE = Repeated(
     flag="--route-aggregatetype",

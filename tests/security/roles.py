@@ -76,7 +76,7 @@ _COLUMNS = """
 SELECT attname FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped
 """
 _FUNCTIONS = """
-SELECT p.oid, p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')'
+SELECT p.oid, p.proname || '(' || oidvectortypes(p.proargtypes) || ')'
 FROM pg_proc p
 WHERE p.pronamespace = 'public'::regnamespace
   AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.objid = p.oid AND d.deptype = 'e')

@@ -28,7 +28,7 @@ from tests.security.process import run_cli
 from tests.security.roles import create_login_role, drop_role, grant, privilege_matrix
 
 
-@pytest.mark.parametrize("part", ["writer", "event-writer", "relay", "sidecar"])
+@pytest.mark.parametrize("part", ["writer", "scoring-worker", "event-writer", "relay", "sidecar"])
 async def test_each_part_holds_exactly_its_matrix(
     db: asyncpg.Connection, database_url: str, make_role: MakeRole, part: str
 ) -> None:
@@ -182,7 +182,7 @@ async def test_cli_grant_applies_and_says_what_is_left(
         (["--to", "no_such_role_x", "--as", "writer"], "role 'no_such_role_x' does not exist"),
         (
             ["--to", "postgres", "--as", "scorer"],
-            "--as must be writer, event-writer, relay or sidecar",
+            "--as must be writer, scoring-worker, event-writer, relay or sidecar",
         ),
         (["--to", "postgres"], "--as is required"),
         (["--as", "relay"], "--to is required"),
