@@ -1321,8 +1321,18 @@ $ddl$
                                  pg_catalog.pg_get_function_identity_arguments(p.oid))
         FROM pg_catalog.pg_proc p
         WHERE p.pronamespace = schema_oid
-          AND p.proname LIKE 'outbox\_relay\_%'
-          AND p.proname NOT IN ('outbox_relay_notify', 'outbox_relay_guard_insert')
+          -- Only what this migration created: the door's functions (0009, 0011) keep
+          -- their owner and their grants.
+          AND p.proname = ANY (ARRAY[
+              'outbox_relay_text_problem', 'outbox_relay_json_canonical',
+              'outbox_relay_json_problem', 'outbox_relay_terminal_event_id',
+              'outbox_relay_prepare_event', 'outbox_relay_event_body',
+              'outbox_relay_find_event', 'outbox_relay_write_event',
+              'outbox_relay_quarantine_job', 'outbox_relay_refusal', 'outbox_relay_decide',
+              'outbox_relay_expired_meanwhile', 'outbox_relay_check_arguments',
+              'outbox_relay_settle', 'outbox_relay_complete_job',
+              'outbox_relay_fail_job_permanently', 'outbox_relay_fail_retryable',
+              'outbox_relay_expire_leases']::name[])
     LOOP
         EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', signature);
         EXECUTE pg_catalog.format('ALTER FUNCTION %s OWNER TO %I', signature, definer);

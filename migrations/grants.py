@@ -220,8 +220,7 @@ FUNCTIONS: Final[tuple[str, ...]] = (
 # the previous release keeps inserting before `grant` runs again; it answers no more than
 # an INSERT would.
 PUBLIC_FUNCTIONS: Final[tuple[str, ...]] = (
-    "outbox_relay_writer_routes(who name, OUT restricted boolean, OUT aggregatetypes text[], "
-    "OUT topic_prefixes text[])",
+    "outbox_relay_writer_routes(name)",
 )
 
 STATS_ROLE: Final = "pg_read_all_stats"
@@ -331,7 +330,9 @@ def needed_privileges(parts: Iterable[str]) -> frozenset[Privilege]:
     for sequence, needs in SEQUENCES.items():
         for part in chosen:
             needed |= {Privilege(f"sequence {sequence}", p) for p in needs.get(part, ())}
-    # FUNCTIONS: nobody executes them.
+    for function in FUNCTIONS:
+        if EXECUTE.get(function, frozenset()).intersection(chosen):
+            needed.add(Privilege(f"function {function}", "EXECUTE"))
     return frozenset(needed)
 
 

@@ -34,8 +34,7 @@ _NOTHING = {
     **{f"function {function}": NONE for function in FUNCTIONS},
     # SECURITY DEFINER, for every role that inserts (from PUBLIC): the door reads its
     # routes through it (migration 0011)
-    "function outbox_relay_writer_routes(who name, OUT restricted boolean, "
-    "OUT aggregatetypes text[], OUT topic_prefixes text[])": "EXECUTE",
+    "function outbox_relay_writer_routes(name)": "EXECUTE",
     "schema public": "USAGE",
 }
 
