@@ -8,8 +8,9 @@ FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
-# Dependencies exactly as locked (versions and hashes), then the package itself without
-# resolving anything again.
+# Dependencies exactly as locked (versions and hashes; the OpenTelemetry SDK and OTLP/HTTP
+# exporter among them, imported only when OTEL_* variables ask for an export), then the
+# package itself without resolving anything again.
 COPY requirements-runtime.lock /src/
 RUN python -m venv /opt/outbox-relay \
     && /opt/outbox-relay/bin/pip install --require-hashes --no-deps -r /src/requirements-runtime.lock

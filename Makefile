@@ -20,7 +20,7 @@ SERVICES_DOWN := $(if $(wildcard $(VPY)),$(VPY),"$(PYTHON)") -m scripts.services
 ENV_FILE := .services/env
 PYTEST_ARGS ?=
 
-.PHONY: help venv lock services-up services-down services-status services-env services-purge lint check test demo bench soak release
+.PHONY: help venv lock generate services-up services-down services-status services-env services-purge lint check test demo bench soak release
 
 help: ## this list, from the comment after each target's rule
 	@awk -F ':.*## ' '/^[a-z][a-z-]*:.*## / { printf "  %-16s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -38,14 +38,22 @@ $(STAMP): pyproject.toml $(LOCK)
 	@touch $@
 
 # Refreshed on purpose, never as a side effect: the whole dependency set (runtime, build
-# backend and the test, lint, bench and otel extras) with hashes, then the runtime part the image
-# installs, pinned to the same versions. LOCK_UPGRADE=1 moves every pin to the newest
-# version pyproject.toml allows; without it only what pyproject.toml changed moves.
+# backend and every extra) with hashes, then the runtime part the image installs (the
+# dependencies and the otlp extra: run exports spans when OTEL_* asks), pinned to the same
+# versions. LOCK_UPGRADE=1 moves every pin to the newest version pyproject.toml allows;
+# without it only what pyproject.toml changed moves. A machine's wheel folder (pip's
+# find-links) is not written into the locks.
 PIP_COMPILE = $(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
-	--all-build-deps --no-emit-index-url $(if $(LOCK_UPGRADE),--upgrade)
+	--all-build-deps --no-emit-index-url --no-emit-find-links $(if $(LOCK_UPGRADE),--upgrade)
 lock: venv ## re-resolve requirements.lock and requirements-runtime.lock (LOCK_UPGRADE=1: newest allowed)
-	$(PIP_COMPILE) --extra test --extra lint --extra bench --extra otel --output-file $(LOCK) pyproject.toml
-	$(PIP_COMPILE) --constraint $(LOCK) --output-file $(RUNTIME_LOCK) pyproject.toml
+	$(PIP_COMPILE) --extra test --extra lint --extra bench --extra otel --extra otlp --output-file $(LOCK) pyproject.toml
+	$(PIP_COMPILE) --extra otlp --constraint $(LOCK) --output-file $(RUNTIME_LOCK) pyproject.toml
+
+# deploy/'s PrometheusRule and dashboard ConfigMap from docs/monitoring, the scoring events'
+# JSON Schemas from the contract (scripts/generate.py); tests/unit/test_generated.py fails
+# while one is stale.
+generate: venv ## write the files made from a source: deploy/'s rules and dashboard, docs/schemas
+	$(VPY) -m scripts.generate
 
 services-up: venv ## real PostgreSQL 15 (Debian) and 18, Kafka (KRaft), PgBouncer (transaction pooling)
 	$(SERVICES) up
@@ -88,7 +96,10 @@ test: venv lint ## lint, the services, every test; stops the services it started
 	started="$$(cat .services/started-by-last-up 2>/dev/null || true)"; \
 	set -a; . ./$(ENV_FILE); set +a; \
 	export OUTBOX_RELAY_REQUIRE_SERVICES=1; \
-	bash scripts/tools.sh ensure chromium || echo "chromium is missing: the status page test will fail" >&2; rc=0; $(VPY) -m pytest --durations=25 $(PYTEST_ARGS) || rc=$$?; \
+	for tool in chromium promtool node-packages; do \
+		bash scripts/tools.sh ensure "$$tool" || echo "$$tool is missing: the tests that use it will fail" >&2; \
+	done; \
+	rc=0; $(VPY) -m pytest --durations=25 $(PYTEST_ARGS) || rc=$$?; \
 	if [ "$$rc" -eq 5 ]; then echo "pytest collected no tests (exit 5): treated as failure" >&2; fi; \
 	exit "$$rc"
 

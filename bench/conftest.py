@@ -36,14 +36,15 @@ def server_url() -> str:
 
 
 @contextlib.asynccontextmanager
-async def fresh_database(server_url: str) -> AsyncIterator[str]:
-    """A fresh migrated database on the server, dropped afterwards; its URL."""
+async def fresh_database(server_url: str, *, up_to: int | None = None) -> AsyncIterator[str]:
+    """A fresh database on the server, migrated (up to migration ``up_to`` only, when
+    given), dropped afterwards; its URL."""
     name = f"outbox_relay_bench_{uuid.uuid4().hex[:10]}"
     admin = await asyncpg.connect(server_url)
     await admin.execute(f'CREATE DATABASE "{name}"')
     url = with_database(server_url, name)
     conn = await asyncpg.connect(url)
-    await apply(conn, load_migrations())
+    await apply(conn, [m for m in load_migrations() if up_to is None or m.version <= up_to])
     await conn.close()
     try:
         yield url
@@ -56,6 +57,17 @@ async def fresh_database(server_url: str) -> AsyncIterator[str]:
 async def bench_database(server_url: str) -> AsyncIterator[str]:
     """A fresh migrated database, dropped afterwards."""
     async with fresh_database(server_url) as url:
+        yield url
+
+
+BEFORE_THE_DOOR = 8  # the last migration before rows were measured at INSERT (0009)
+
+
+@pytest_asyncio.fixture
+async def database_before_the_door(server_url: str) -> AsyncIterator[str]:
+    """A fresh database migrated up to the last migration before the door: rows the door
+    refuses go in, as rows stored before an upgrade; the test migrates the rest."""
+    async with fresh_database(server_url, up_to=BEFORE_THE_DOOR) as url:
         yield url
 
 

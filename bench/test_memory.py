@@ -26,6 +26,7 @@ import pytest
 from bench.conftest import Topics, assert_delivered, start_relay_process
 from bench.report import memory_figures, write_results
 from bench.test_drain import FILL_BACKLOG, KEYS, PAYLOAD_FILL
+from migrations.runner import apply, load_migrations
 
 pytestmark = pytest.mark.bench
 
@@ -90,11 +91,26 @@ async def test_relay_memory_on_a_large_backlog(
     )
 
 
-# Rows that can never be records (tens of MB of payload) beside rows just under the record
-# limit, batch size x (batches in flight + 1) of them: what a neighbour's rows can do to the
-# relay's memory (docs/benchmarks.md#targets: <= 250 MB whatever the table holds).
+# Rows that can never be records, stored before the door refused them: tens of MB of
+# payload; numbers that print to more than 1 GiB from about 2 kB stored; keys of 5 MB the
+# server built from a few bytes. Beside rows just under the record limit, batch size x
+# (batches in flight + 1) of them: what a neighbour's rows can do to the relay's memory
+# (docs/benchmarks.md#targets: <= 250 MB whatever the table holds).
 OVERSIZED = int(os.environ.get("BENCH_OVERSIZED", "6"))
 OVERSIZED_MB = 48
+HUGE_NUMBERS = 1
+BUILT_KEYS = 40
+_HUGE_NUMBER_ROWS = """
+INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
+SELECT 'bench', 'numbers-' || g, 'bench.numbers',
+       ('[' || (SELECT string_agg('1e131071', ',') FROM generate_series(1, 8200)) || ']')::jsonb
+FROM generate_series(1, $1) g
+"""
+_BUILT_KEY_ROWS = """
+INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
+SELECT 'bench', g || repeat('k', 5242000), 'bench.key', '{}'
+FROM generate_series(1, $1) g
+"""
 NEAR_LIMIT_BATCH, NEAR_LIMIT_IN_FLIGHT = 100, 4
 _NEAR_LIMIT_ROWS = """
 INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
@@ -111,19 +127,23 @@ FROM generate_series(1, $1) g
 
 
 async def test_relay_memory_whatever_the_rows_hold(
-    bench_database: str, kafka_bootstrap: str, bench_topics: Topics, tmp_path: Path
+    database_before_the_door: str, kafka_bootstrap: str, bench_topics: Topics, tmp_path: Path
 ) -> None:
     from relay.records import MAX_RECORD_BYTES
 
     namespace = f"m{uuid.uuid4().hex[:8]}"
     topic = await bench_topics.create(f"{namespace}.bench")
     near = NEAR_LIMIT_BATCH * (NEAR_LIMIT_IN_FLIGHT + 1)
-    conn = await asyncpg.connect(bench_database)
-    await conn.execute(_NEAR_LIMIT_ROWS, near, MAX_RECORD_BYTES * 95 // 100 // 32)
+    refused = OVERSIZED + HUGE_NUMBERS + BUILT_KEYS
+    conn = await asyncpg.connect(database_before_the_door)
     await conn.execute(_OVERSIZED_ROWS, OVERSIZED, OVERSIZED_MB * 1024 * 1024)
+    await conn.execute(_HUGE_NUMBER_ROWS, HUGE_NUMBERS)
+    await conn.execute(_BUILT_KEY_ROWS, BUILT_KEYS)
+    await apply(conn, load_migrations())
+    await conn.execute(_NEAR_LIMIT_ROWS, near, MAX_RECORD_BYTES * 95 // 100 // 32)
     await conn.execute("VACUUM ANALYZE outbox")
     relay = await start_relay_process(
-        bench_database,
+        database_before_the_door,
         kafka_bootstrap,
         namespace,
         tmp_path,
@@ -142,12 +162,12 @@ async def test_relay_memory_whatever_the_rows_hold(
         peak = max(peak, _rss_mb(relay.pid))
         quarantined = await conn.fetch("SELECT last_error_class, count(*) FROM outbox GROUP BY 1")
         # The oversized rows stay behind, quarantined (checked below).
-        await assert_delivered(conn, kafka_bootstrap, topic, near, quarantined=OVERSIZED)
+        await assert_delivered(conn, kafka_bootstrap, topic, near, quarantined=refused)
     finally:
         relay.terminate()
         await relay.wait()
         await conn.close()
-    assert [tuple(r) for r in quarantined] == [("too_large", OVERSIZED)]
+    assert [tuple(r) for r in quarantined] == [("too_large", refused)]
     path = memory_figures()
     figures = json.loads(path.read_text()) if path.is_file() else {}
     figures["whatever_the_rows_hold"] = {
@@ -155,15 +175,18 @@ async def test_relay_memory_whatever_the_rows_hold(
         "near_limit_rows": near,
         "oversized_rows": OVERSIZED,
         "oversized_mb": OVERSIZED_MB,
+        "huge_number_rows": HUGE_NUMBERS,
+        "built_key_rows": BUILT_KEYS,
         "peak_rss_mb": round(peak, 1),
         "drain_s": round(drain_s, 1),
     }
     write_results(path, figures)
     print(
-        f"\nMEMORY with {OVERSIZED} rows of {OVERSIZED_MB} MB beside {near} rows at 0.95 x the"
-        f" record limit (--batch-size {NEAR_LIMIT_BATCH}, --max-in-flight-batches"
-        f" {NEAR_LIMIT_IN_FLIGHT})\n"
-        f"  the {near} published in {drain_s:.0f} s, the {OVERSIZED} quarantined as too_large\n"
+        f"\nMEMORY with {OVERSIZED} rows of {OVERSIZED_MB} MB, {HUGE_NUMBERS} of numbers printing"
+        f" over 1 GiB and {BUILT_KEYS} with 5 MB keys (all stored before the door) beside"
+        f" {near} rows at 0.95 x the record limit (--batch-size {NEAR_LIMIT_BATCH},"
+        f" --max-in-flight-batches {NEAR_LIMIT_IN_FLIGHT})\n"
+        f"  the {near} published in {drain_s:.0f} s, the {refused} quarantined as too_large\n"
         f"  peak relay RSS: {peak:.0f} MB (target <= 250 MB whatever the table holds)\n"
         f"  figures: {path}"
     )

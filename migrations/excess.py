@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Final
 
 import asyncpg
 
@@ -152,7 +153,9 @@ WHERE f.pronamespace OPERATOR(pg_catalog.=) $1::oid
 
 
 def _privilege(kind: str, name: str, privilege: str, column: str) -> Privilege:
-    target = {"table": name, "sequence": f"sequence {name}"}.get(kind, f"function {name}()")
+    target = {"table": name, "sequence": f"sequence {name}"}.get(
+        kind, f"function {_SIGNATURES.get(name, name + '()')}"
+    )
     return Privilege(target, privilege, column)
 
 
@@ -197,6 +200,12 @@ def find_excess(
     )
 
 
+# A function's name → its signature in the model (the schema's functions are not overloaded).
+_SIGNATURES: Final[Mapping[str, str]] = {
+    signature.split("(", 1)[0]: signature for signature in FUNCTIONS
+}
+
+
 def _target_order() -> dict[str, int]:
     targets = [
         *TABLES,
@@ -236,7 +245,7 @@ async def read_excess(
     by source, as the server decides it now."""
     tables = list(TABLES)
     sequences = list(SEQUENCES)
-    functions = [name.removesuffix("()") for name in FUNCTIONS]
+    functions = list(_SIGNATURES)
     row = await conn.fetchrow(_ROLE, schema, role)
     if row is None:
         return ()

@@ -1,7 +1,7 @@
 """Which part needs which privilege on which schema object, and the SQL that grants exactly that.
 
 The schema's migrations create the objects; this module says, next to them, what the writer,
-the event writer, the relay and the health sidecar may do with each. ``outbox-relay grant``
+the scoring worker, the event writer, the relay and the health sidecar may do with each. ``outbox-relay grant``
 turns the model into ``REVOKE``/``GRANT`` statements for one existing role: everything the
 role held on these objects is replaced by the union of its parts' needs, so running it again
 changes nothing and running it with fewer parts takes the rest away. It also pins the role's
@@ -24,10 +24,17 @@ import asyncpg
 from contracts.errors import ConfigError, OutboxRelayError
 
 WRITER: Final = "writer"
+SCORING_WORKER: Final = "scoring-worker"
 EVENT_WRITER: Final = "event-writer"
 RELAY: Final = "relay"
 SIDECAR: Final = "sidecar"
-PARTS: Final = (WRITER, EVENT_WRITER, RELAY, SIDECAR)
+PARTS: Final = (WRITER, SCORING_WORKER, EVENT_WRITER, RELAY, SIDECAR)
+
+# The NOLOGIN role that owns the scoring functions (migration 0012), which run with its
+# privileges: exactly the writer part's on the tables, which that migration grants it.
+SCORING_FUNCTIONS_OWNER: Final = "outbox_relay_scoring_functions"
+
+ROUTES_TABLE: Final = "outbox_relay_writer_route"
 
 # The columns a writer inserts (the Debezium core and the documented extras); every other
 # column of the outbox is the relay's bookkeeping or the database's.
@@ -46,6 +53,16 @@ EVENT_COLUMNS: Final = (
     "headers",
     "topic",
 )
+
+
+@dataclass(frozen=True)
+class WriterRoutes:
+    """Where an event writer's rows may go (migration 0011, outbox_relay_writer_route): rows
+    routed by the relay's template, by their aggregatetype; rows with a topic of their own,
+    by its prefix. ``grant --as event-writer`` writes them."""
+
+    aggregatetypes: tuple[str, ...] = ()
+    topic_prefixes: tuple[str, ...] = ()
 
 
 class GrantError(OutboxRelayError):
@@ -141,6 +158,10 @@ TABLES: Final[Mapping[str, Mapping[str, Access]]] = {
     # read the migration level before they start (relay/schema.py, health/schema.py), and
     # `redrive` to refuse a schema that is not migrated before it changes anything.
     "outbox_relay_migration": {RELAY: _access("SELECT"), SIDECAR: _access("SELECT")},
+    # Where each event writer may route (migration 0011): written by `grant` as the schema
+    # owner, read by the door's statement trigger through outbox_relay_writer_routes(name),
+    # a SECURITY DEFINER function every role may execute. No part reads it directly.
+    ROUTES_TABLE: {},
 }
 
 # sequence → part → privileges. The outbox's identity sequence: an insert draws from it
@@ -151,13 +172,54 @@ SEQUENCES: Final[Mapping[str, Mapping[str, frozenset[str]]]] = {
     "outbox_seq_seq": {RELAY: frozenset({"SELECT"})},
 }
 
-# Trigger functions only: a trigger fires without EXECUTE, and nobody calls them directly,
-# so EXECUTE is taken from PUBLIC as well.
+# The scoring functions a worker calls (migration 0012): SECURITY DEFINER, so EXECUTE is all
+# a caller needs. The writer part keeps its table privileges (the previous release's writer
+# uses them) and calls them too.
+_SCORING_CALLS: Final = (
+    "outbox_relay_complete_job(text, bigint, text, text, text, text, text, jsonb, text, text, "
+    "text, text, uuid, bigint)",
+    "outbox_relay_fail_job_permanently(text, bigint, text, text, text, text, text, jsonb, text, "
+    "text, text, text, uuid, bigint)",
+    "outbox_relay_fail_retryable(text, bigint, text, bigint, text, text, text, text, jsonb, "
+    "text, text, text, text, uuid, bigint)",
+    "outbox_relay_expire_leases(bigint, text, text, text, text, text, text, text, text, bigint, "
+    "text[])",
+)
+# function → the parts that may EXECUTE it. Every other function of the schema is called by
+# nobody: trigger functions fire without EXECUTE, and the scoring functions' helpers are
+# called by the four above as their owner.
+EXECUTE: Final[Mapping[str, frozenset[str]]] = {
+    call: frozenset({WRITER, SCORING_WORKER}) for call in _SCORING_CALLS
+}
+# Every function the migrations create, as ``name(argument types)``; EXECUTE is taken from
+# PUBLIC on each.
 FUNCTIONS: Final[tuple[str, ...]] = (
     "outbox_relay_notify()",
     "outbox_relay_guard_insert()",
     "outbox_relay_measure()",
+    *_SCORING_CALLS,
+    "outbox_relay_check_arguments(text, bigint, text, text, bigint)",
+    "outbox_relay_decide(text, text, bigint, text)",
+    "outbox_relay_event_body(outbox_relay_event, bigint)",
+    "outbox_relay_expired_meanwhile(text, outbox_relay_outcome)",
+    "outbox_relay_find_event(outbox_relay_event)",
+    "outbox_relay_json_canonical(jsonb, integer)",
+    "outbox_relay_json_problem(jsonb, text, integer)",
+    "outbox_relay_prepare_event(text, text, text, jsonb, text, text, text, text, text, text, "
+    "text, text, uuid, bigint)",
+    "outbox_relay_quarantine_job(text, bigint, text, boolean)",
+    "outbox_relay_refusal(text, text, text, text, jsonb)",
+    "outbox_relay_settle(text, outbox_relay_outcome, outbox_relay_event, bigint, text, boolean)",
+    "outbox_relay_terminal_event_id(text, text, text)",
+    "outbox_relay_text_problem(text, text, integer)",
+    "outbox_relay_write_event(outbox_relay_event, bigint)",
 )
+
+# Functions every role may run: EXECUTE stays with PUBLIC. The door reads an inserting
+# role's routes through this one (migration 0011, SECURITY DEFINER), so that a writer of
+# the previous release keeps inserting before `grant` runs again; it answers no more than
+# an INSERT would.
+PUBLIC_FUNCTIONS: Final[tuple[str, ...]] = ("outbox_relay_writer_routes(name)",)
 
 STATS_ROLE: Final = "pg_read_all_stats"
 # Why a part wants pg_read_all_stats; without it, other roles' sessions show no transaction
@@ -266,7 +328,9 @@ def needed_privileges(parts: Iterable[str]) -> frozenset[Privilege]:
     for sequence, needs in SEQUENCES.items():
         for part in chosen:
             needed |= {Privilege(f"sequence {sequence}", p) for p in needs.get(part, ())}
-    # FUNCTIONS: nobody executes them.
+    for function in FUNCTIONS:
+        if EXECUTE.get(function, frozenset()).intersection(chosen):
+            needed.add(Privilege(f"function {function}", "EXECUTE"))
     return frozenset(needed)
 
 
@@ -337,8 +401,18 @@ def search_path_of(schema: str) -> str:
     return quote_schema(schema)
 
 
-def plan_grants(role: str, parts: tuple[str, ...], facts: SchemaFacts) -> GrantPlan:
-    """The statements that give ``role`` exactly what ``parts`` need, split by who can run them."""
+def plan_grants(
+    role: str, parts: tuple[str, ...], facts: SchemaFacts, routes: WriterRoutes | None = None
+) -> GrantPlan:
+    """The statements that give ``role`` exactly what ``parts`` need, split by who can run
+    them; for an event writer also its ``routes`` (None: every route)."""
+    if role == SCORING_FUNCTIONS_OWNER:
+        # Its privileges come with migration 0012; taking them away (REVOKE ALL on the
+        # functions it owns) would stop every scoring function.
+        raise ConfigError(
+            f"--to {SCORING_FUNCTIONS_OWNER}: that role owns the scoring functions and gets "
+            'its privileges from migrate (docs/operations.md, "The scoring functions\' owner")'
+        )
     schema = quote_schema(facts.schema)
     ours: list[str] = []
     others: dict[str, list[str]] = {}
@@ -361,15 +435,17 @@ def plan_grants(role: str, parts: tuple[str, ...], facts: SchemaFacts) -> GrantP
             privileges = ", ".join(sorted(granted))
             statements.append(f"GRANT {privileges} ON SEQUENCE {target} TO {quote_role(role)}")
         place(sequence, statements)
+    if EVENT_WRITER in parts:
+        place(ROUTES_TABLE, _route_statements(facts.schema, role, routes))
     for function in FUNCTIONS:
         target = f"{schema}.{function}"
-        place(
-            function,
-            [
-                f"REVOKE ALL ON FUNCTION {target} FROM {quote_role(role)}",
-                f"REVOKE EXECUTE ON FUNCTION {target} FROM PUBLIC",
-            ],
-        )
+        statements = [
+            f"REVOKE ALL ON FUNCTION {target} FROM {quote_role(role)}",
+            f"REVOKE EXECUTE ON FUNCTION {target} FROM PUBLIC",
+        ]
+        if EXECUTE.get(function, frozenset()).intersection(parts):
+            statements.append(f"GRANT EXECUTE ON FUNCTION {target} TO {quote_role(role)}")
+        place(function, statements)
     owner_steps = tuple(
         OwnerStep(
             reason=f"{shown(obj)} is owned by {shown(facts.owners.get(obj, 'another role'))}, "
@@ -408,6 +484,30 @@ def plan_grants(role: str, parts: tuple[str, ...], facts: SchemaFacts) -> GrantP
             )
         )
     return GrantPlan(role, parts, tuple(ours), owner_steps, tuple(privileged))
+
+
+def _route_statements(schema: str, role: str, routes: WriterRoutes | None) -> list[str]:
+    """The event writer's routes, replacing any it had; none kept for every route."""
+    target = f"{quote_schema(schema)}.{ROUTES_TABLE}"
+    writer = f"{quote_literal(quote_role(role))}::regrole"
+    if routes is None:
+        return [f"DELETE FROM {target} WHERE writer = {writer}"]
+    return [
+        f"INSERT INTO {target} (writer, aggregatetypes, topic_prefixes) "
+        f"VALUES ({writer}, {_text_array(routes.aggregatetypes)}, "
+        f"{_text_array(routes.topic_prefixes)}) "
+        "ON CONFLICT (writer) DO UPDATE SET aggregatetypes = EXCLUDED.aggregatetypes, "
+        "topic_prefixes = EXCLUDED.topic_prefixes"
+    ]
+
+
+def quote_literal(text: str) -> str:
+    """A string literal (standard_conforming_strings, PostgreSQL's default since 9.1)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _text_array(values: tuple[str, ...]) -> str:
+    return f"ARRAY[{', '.join(map(quote_literal, values))}]::text[]"
 
 
 def schema_creators_warning(facts: SchemaFacts) -> str | None:
@@ -497,15 +597,15 @@ WHERE r.rolname = $1 AND me.rolname = current_user
 # Relations and functions of the schema with their owner and whether this session acts as
 # the owner (membership with inheritance; superusers are members of every role).
 _OBJECTS = """
-SELECT c.relname AS name, pg_get_userbyid(c.relowner) AS owner,
+SELECT c.relname::text AS name, pg_get_userbyid(c.relowner) AS owner,
        pg_has_role(current_user, c.relowner, 'USAGE') AS ours
 FROM pg_catalog.pg_class c
 WHERE c.relnamespace = $1 AND c.relkind IN ('r', 'p', 'S')
 UNION ALL
-SELECT p.proname::text || '()', pg_get_userbyid(p.proowner),
-       pg_has_role(current_user, p.proowner, 'USAGE')
+SELECT p.proname::text || '(' || pg_catalog.oidvectortypes(p.proargtypes) || ')',
+       pg_get_userbyid(p.proowner), pg_has_role(current_user, p.proowner, 'USAGE')
 FROM pg_catalog.pg_proc p
-WHERE p.pronamespace = $1 AND p.pronargs = 0
+WHERE p.pronamespace = $1
 UNION ALL
 SELECT 'schema ' || n.nspname::text, pg_get_userbyid(n.nspowner),
        pg_has_role(current_user, n.nspowner, 'USAGE')

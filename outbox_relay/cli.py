@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import sys
+import uuid
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -53,6 +54,7 @@ from outbox_relay.settings import (
     ServiceSettings,
     Settings,
 )
+from outbox_relay.tracing import start_tracing, stop_tracing
 from pgconnect import connect, connection_options, describe_target
 from relay.errors import RelayError
 from relay.redrive import preview, redrive
@@ -284,7 +286,7 @@ async def _grant(settings: GrantSettings) -> int:
     try:
         await require_migrated(conn, load_migrations())
         facts = await read_facts(conn, settings.role)
-        plan = plan_grants(settings.role, settings.parts, facts)
+        plan = plan_grants(settings.role, settings.parts, facts, settings.routes)
         if (warning := schema_creators_warning(facts)) is not None:
             # stderr: stdout stays the script (--print) or the result lines.
             print(f"outbox-relay: warning: {warning}", file=sys.stderr)
@@ -359,6 +361,17 @@ async def _serve(settings: ServiceSettings) -> int:
         print(f"status page: http://{host}:{port}/  (Ctrl-C stops the demo)", flush=True)
     # Once per process, for the long-running verb only (outbox_relay/runtime.py).
     tune_allocator()
+    provider = None
+    if settings.tracing is not None:
+        instance = settings.relay.instance_id if settings.relay else str(uuid.uuid4())
+        provider = start_tracing(instance)
+        log.info(
+            "exporting spans with OTLP over HTTP", extra={"endpoint": settings.tracing.endpoint}
+        )
     freeze_startup_heap()
     space_young_collections()
-    return await run_service(settings)
+    try:
+        return await run_service(settings)
+    finally:
+        if provider is not None:
+            await asyncio.to_thread(stop_tracing, provider)

@@ -11,6 +11,11 @@ import msgspec
 
 from contracts.unexpected import unexpected_fields
 
+try:
+    from opentelemetry import trace
+except ImportError:  # the API is not installed: no span is ever current
+    trace = None  # type: ignore[assignment]
+
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message"}
 _encoder = msgspec.json.Encoder()
 
@@ -43,9 +48,21 @@ def _exception_fields(record: logging.LogRecord, tracebacks: bool) -> dict[str, 
     return {}
 
 
+def _trace_fields() -> dict[str, str]:
+    """The current span's trace and span ids, as the W3C trace context writes them (lower-case
+    hex); nothing when no span is current."""
+    if trace is None:
+        return {}
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return {}
+    return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
+
+
 class JsonFormatter(logging.Formatter):
-    """Message, level, logger and every ``extra`` field; an exception by its type and where
-    it was raised, its whole traceback (without messages) when ``tracebacks`` is on."""
+    """Message, level, logger, the current span's ``trace_id`` and ``span_id`` (when a span is
+    current) and every ``extra`` field; an exception by its type and where it was raised,
+    its whole traceback (without messages) when ``tracebacks`` is on."""
 
     def __init__(self, *, tracebacks: bool = False) -> None:
         super().__init__()
@@ -57,6 +74,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
+            **_trace_fields(),
         }
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_"):
@@ -76,6 +94,7 @@ class TextFormatter(logging.Formatter):
         fields = {
             k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_")
         }
+        fields.update(_trace_fields())
         fields.update(_exception_fields(record, self.tracebacks))
         trace = fields.pop("traceback", None)
         extras = " ".join(f"{k}={v}" for k, v in fields.items())

@@ -19,12 +19,13 @@ from functools import partial
 from typing import Any, TypeVar
 
 from contracts.errors import ConfigError
+from contracts.limits import MAX_AGGREGATETYPE_BYTES
 from contracts.policy import Policy
 from contracts.ranges import check_range, ranges
 from health.families.completion_tracker import RECHECK_PERIOD_MS
 from health.policy import load_policy
 from health.sidecar import DATABASE_RETRY_MAX_MS, HTTP_MAX_CONNECTIONS
-from migrations.grants import parse_parts
+from migrations.grants import EVENT_WRITER, WriterRoutes, parse_parts
 from outbox_relay.settings import (
     DemoOptions,
     GrantSettings,
@@ -36,9 +37,11 @@ from outbox_relay.settings import (
     Settings,
     SidecarOptions,
 )
+from outbox_relay.tracing import tracing_export
 from outbox_relay.transport import UnverifiedPath, refusal, unverified_kafka, unverified_postgres
 from pgconnect import POOLERS, TRANSACTION_POOLER, check_driver_settings, validate_database_url
 from relay.config import KafkaSecurity, RelayConfig, new_instance_id, require_utf8
+from relay.records import TOPIC_PREFIX
 from relay.redrive import RedriveFilter
 
 MIGRATE, RUN, CHECK, STATUS, REDRIVE, DEMO = "migrate", "run", "check", "status", "redrive", "demo"
@@ -556,7 +559,23 @@ GRANT_TO = Text(
 GRANT_AS = Repeated(
     flag="--as",
     verbs=frozenset({GRANT}),
-    help="writer|event-writer|relay|sidecar: the part the role runs (repeatable)",
+    help="writer|scoring-worker|event-writer|relay|sidecar: the part the role runs (repeatable)",
+)
+GRANT_AGGREGATETYPE = Repeated(
+    flag="--route-aggregatetype",
+    verbs=frozenset({GRANT}),
+    help="with --as event-writer: an aggregatetype the role writes, routed by the relay's "
+    "template (repeatable)",
+)
+GRANT_TOPIC_PREFIX = Repeated(
+    flag="--route-topic-prefix",
+    verbs=frozenset({GRANT}),
+    help="with --as event-writer: how the role's own topics start (repeatable)",
+)
+GRANT_ANY_ROUTE = Switch(
+    flag="--any-route",
+    verbs=frozenset({GRANT}),
+    help="with --as event-writer: the role may route to any topic the relay allows",
 )
 PRINT_ONLY = Switch(
     flag="--print", verbs=frozenset({GRANT}), help="print the SQL instead of running it"
@@ -640,6 +659,9 @@ OPTIONS: tuple[Option, ...] = (
     WATCH_INTERVAL,
     GRANT_TO,
     GRANT_AS,
+    GRANT_AGGREGATETYPE,
+    GRANT_TOPIC_PREFIX,
+    GRANT_ANY_ROUTE,
     PRINT_ONLY,
     DEMO_JOBS,
     DEMO_WORKERS,
@@ -773,13 +795,49 @@ def _grant(args: argparse.Namespace, environ: Environ) -> GrantSettings:
     role = GRANT_TO.value(args, environ)
     if role is None:  # --to has no variable: Text.required would name one
         raise ConfigError("--to is required: the existing role to give privileges to")
+    parts = parse_parts(GRANT_AS.values(args))
     return GrantSettings(
         database_url=_database_url(args, environ),
         role=role,
-        parts=parse_parts(GRANT_AS.values(args)),
+        parts=parts,
         print_only=PRINT_ONLY.value(args, environ),
         transaction_pooler=_transaction_pooler(args, environ),
+        routes=_writer_routes(args, environ, parts),
     )
+
+
+def _writer_routes(
+    args: argparse.Namespace, environ: Environ, parts: tuple[str, ...]
+) -> WriterRoutes | None:
+    """An event writer's routes; None for every route (said with --any-route)."""
+    types, prefixes = GRANT_AGGREGATETYPE.values(args), GRANT_TOPIC_PREFIX.values(args)
+    any_route = GRANT_ANY_ROUTE.value(args, environ)
+    if EVENT_WRITER not in parts:
+        if types or prefixes or any_route:
+            raise ConfigError(
+                "--route-aggregatetype, --route-topic-prefix and --any-route go with --as event-writer"
+            )
+        return None
+    if any_route:
+        if types or prefixes:
+            raise ConfigError("--any-route takes no --route-aggregatetype or --route-topic-prefix")
+        return None
+    if not types and not prefixes:
+        raise ConfigError(
+            "--as event-writer needs the role's routes: --route-aggregatetype (the "
+            "aggregatetypes it writes) and/or --route-topic-prefix (how its own topics start), "
+            "or --any-route"
+        )
+    for value in types:
+        if not value or len(value.encode()) > MAX_AGGREGATETYPE_BYTES:
+            raise ConfigError(f"--aggregatetype must be 1 to {MAX_AGGREGATETYPE_BYTES} bytes")
+    for value in prefixes:
+        if not TOPIC_PREFIX.fullmatch(value):
+            raise ConfigError(
+                "--route-topic-prefix must be 1 to 249 of the characters a Kafka topic name takes "
+                "(letters, digits, '.', '_', '-')"
+            )
+    return WriterRoutes(tuple(dict.fromkeys(types)), tuple(dict.fromkeys(prefixes)))
 
 
 def _health_report(args: argparse.Namespace, environ: Environ) -> HealthReportSettings:
@@ -859,6 +917,7 @@ def _service(args: argparse.Namespace, environ: Environ) -> ServiceSettings:
         runbook_url=RUNBOOK_URL.required(args, environ),
         relay_only=relay_only,
         refuse_open_schema=args.verb == RUN and REFUSE_OPEN_SCHEMA.value(args, environ),
+        tracing=tracing_export(environ),
     )
 
 

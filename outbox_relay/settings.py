@@ -15,6 +15,8 @@ from contracts.policy import Policy
 from contracts.ranges import NotNegative, Positive, check_ranges
 from health.families.completion_tracker import RECHECK_PERIOD_MS
 from health.sidecar import DATABASE_RETRY_MAX_MS, HTTP_MAX_CONNECTIONS
+from migrations.grants import WriterRoutes
+from outbox_relay.tracing import TracingExport
 from outbox_relay.transport import UnverifiedPath
 from relay.config import RelayConfig
 from relay.redrive import RedriveFilter
@@ -55,6 +57,7 @@ class GrantSettings:
     parts: tuple[str, ...]
     print_only: bool
     transaction_pooler: bool = False
+    routes: WriterRoutes | None = None  # an event writer's; None: every route
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,8 @@ class ServiceSettings:
     refuse_open_schema: bool = False
     """``run --refuse-open-schema``: exit 2, instead of warning, while a role besides the
     schema's owner may create objects in it (outbox_relay/open_schema.py)."""
+    tracing: TracingExport | None = None
+    """Where the process exports its spans, when the ``OTEL_*`` variables ask for it."""
 
     def __post_init__(self) -> None:
         # The sidecar alone (`run --no-relay`) has no relay configuration to refuse it.

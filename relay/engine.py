@@ -54,6 +54,9 @@ from relay.retry import (
     LANE_LOST,
     NOT_BROKER_FAILURES,
     UNEXPECTED,
+    UNFETCHABLE,
+    UNMEASURABLE,
+    FailureClass,
     backoff_ms,
     classify_failure,
     perhaps_content,
@@ -629,7 +632,7 @@ class Relay:
             try:
                 await self._store.measure([seq])  # again
             except DB_ERRORS:
-                await self._quarantine_unfetchable(seq, first, "unmeasurable")
+                await self._quarantine_unfetchable(seq, first, UNMEASURABLE)
 
     async def _fetch_failed(self, plan: FetchPlan, exc: BaseException) -> None:
         """A fetch failed: when its rows' content could be why, narrow it to the row
@@ -639,7 +642,7 @@ class Relay:
             narrowing = Narrowing(plan.start, plan.limit)
             step = await self._narrow(plan.lanes, narrowing)
             if step.kind is StepKind.QUARANTINE:
-                await self._quarantine_unfetchable(step.seq, exc, "unfetchable")
+                await self._quarantine_unfetchable(step.seq, exc, UNFETCHABLE)
                 return
         if cause != self._fetch_failure_said:
             log.warning("fetch failed", extra={"cause": cause})
@@ -663,10 +666,15 @@ class Relay:
                 narrowing.fetched(False)
         return step
 
-    async def _quarantine_unfetchable(self, seq: int, exc: BaseException, cause: str) -> None:
+    async def _quarantine_unfetchable(
+        self, seq: int, exc: BaseException, failure: FailureClass
+    ) -> None:
+        """Quarantine the row ``seq`` as ``failure`` without reading it; its SQLSTATE (never
+        the server's text) is logged."""
         assert self._store is not None and self._lanes is not None
         lane_fences = dict(self._lanes.leases.fences)
         sqlstate = getattr(exc, "sqlstate", None) or ""
+        cause = failure.name
         try:
             done = await self._store.quarantine_unfetchable(lane_fences, seq, cause)
         except DB_ERRORS as failed:
@@ -803,10 +811,11 @@ class Relay:
                 "lease ending" if within_s >= lease_left_s else "broker did not answer in time"
             )
         outcome = sort_outcome(acknowledgements, submission.failures)
-        self._say_unexpected(
-            [(len(rows), answer) for rows, answer in acknowledgements]
-            + [(1, exc) for _, exc in submission.failures]
-        )
+        with batch.spans.current():
+            self._say_unexpected(
+                [(len(rows), answer) for rows, answer in acknowledgements]
+                + [(1, exc) for _, exc in submission.failures]
+            )
         batch.spans.end(outcome.failed[0][1].label if outcome.failed else None)
         # Until the failure is recorded, the database does not hold the key back yet.
         # Failures found before sending were held back when they were found. Held before
@@ -901,7 +910,8 @@ class Relay:
                 extra={"events": fenced},
             )
         if failed:
-            self._count_failures(failed, recorded.quarantined)
+            with batch.spans.current():  # its lines carry the batch's trace and span ids
+                self._count_failures(failed, recorded.quarantined)
 
     async def _write_outcome(
         self, fences: dict[int, int], units: list[_Unit]

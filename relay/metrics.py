@@ -11,6 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from relay.retry import NAMED_CLASSES
+
 # Write time → broker acknowledgement; the SLO is p99 ≤ 25 ms, so resolve that range well.
 _LATENCY_BUCKETS = (
     0.002,
@@ -118,6 +120,12 @@ class BacklogGauges:
         )
 
 
+def _counted_from_zero(retries: Counter, failures: Counter) -> None:
+    """A child at 0 for every named failure class, on the counter that counts it."""
+    for failure in NAMED_CLASSES:
+        (retries if failure.retriable else failures).labels(failure.name)
+
+
 @dataclass(frozen=True)
 class RelayMetrics:
     published: Counter
@@ -139,6 +147,19 @@ class RelayMetrics:
     @classmethod
     def register(cls, registry: CollectorRegistry, *, backlog: bool = True) -> RelayMetrics:
         """Create the relay's metrics on ``registry``; the backlog gauges only with ``backlog``."""
+        retries = Counter(
+            "outbox_relay_retried_events",
+            "Events scheduled for another try after a retriable broker failure.",
+            ["error_class"],
+            registry=registry,
+        )
+        failures = Counter(
+            "outbox_relay_failed_events",
+            "Events that failed with a permanent cause (each spends an attempt).",
+            ["error_class"],
+            registry=registry,
+        )
+        _counted_from_zero(retries, failures)
         return cls(
             published=Counter(
                 "outbox_relay_published_events",
@@ -151,18 +172,8 @@ class RelayMetrics:
                 _LATENCY_BUCKETS,
                 registry,
             ),
-            retries=Counter(
-                "outbox_relay_retried_events",
-                "Events scheduled for another try after a retriable broker failure.",
-                ["error_class"],
-                registry=registry,
-            ),
-            failures=Counter(
-                "outbox_relay_failed_events",
-                "Events that failed with a permanent cause (each spends an attempt).",
-                ["error_class"],
-                registry=registry,
-            ),
+            retries=retries,
+            failures=failures,
             quarantined=Counter(
                 "outbox_relay_quarantined_events",
                 "Events quarantined after their last attempt.",

@@ -14,6 +14,8 @@ from contracts import limits
 from relay.errors import RecordRejected
 
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+TOPIC_PREFIX = re.compile(r"[A-Za-z0-9._-]{1,249}")
+"""What may begin a topic name (a writer's route: migrations/grants.py, WriterRoutes)."""
 # Headers the relay sets itself; a row's own headers may not replace them, in any case
 # (consumers look header names up case-insensitively more often than not).
 RESERVED_HEADERS = frozenset(
@@ -102,6 +104,9 @@ class OutboxRow(NamedTuple):
     below the fetch's start (relay/sql.py, FETCH_READY), if any."""
     tracestate: str | None = None
     """The W3C tracestate that goes with ``traceparent`` (migration 0008)."""
+    duplicate: bool = False
+    """Its id is that of an event already published with another key, aggregatetype or
+    type (relay/sql.py, FETCH_READY): quarantined as duplicate_id, never sent."""
 
 
 Hold = tuple[str, str]
@@ -207,6 +212,10 @@ class RecordMapper:
         """Map a row to its Kafka record or raise :class:`RecordRejected`."""
         if row.size is None or row.size > MAX_FETCHED_ROW_BYTES:
             raise RecordRejected("too_large", _too_large(row.size))
+        if row.duplicate:
+            raise RecordRejected(
+                "duplicate_id", "an event with another key, aggregatetype or type has its id"
+            )
         # The hot path of every event: attributes read once, constant headers prebuilt,
         # tuples built positionally (docs/benchmarks.md#the-drain).
         (_, event_id_text, aggregatetype, aggregateid, event_type, payload, tenant_ref,

@@ -39,6 +39,14 @@ RECORD_TOO_LARGE = FailureClass("record_too_large", retriable=False)
 TOO_LARGE = FailureClass("too_large", retriable=False, final=True)
 # Routed to a topic outside --allowed-topics.
 TOPIC_NOT_ALLOWED = FailureClass("topic_not_allowed", retriable=False, final=True)
+# Its id is that of an event already published with another key, aggregatetype or type:
+# consumers that deduplicate on the id would drop it, and its receipt would re-point the
+# other event's.
+DUPLICATE_ID = FailureClass("duplicate_id", retriable=False, final=True)
+# A fetch of it alone failed, again, while the rows around it fetched (relay/narrowing.py);
+# or the door could not measure it, stored before the door, while others were measured.
+UNFETCHABLE = FailureClass("unfetchable", retriable=False, final=True)
+UNMEASURABLE = FailureClass("unmeasurable", retriable=False, final=True)
 AUTHORIZATION = FailureClass("authorization", retriable=False)
 INVALID_TOPIC = FailureClass("invalid_topic", retriable=False)
 INVALID_HEADERS = FailureClass("invalid_headers", retriable=False)
@@ -61,6 +69,33 @@ HELD_BEHIND_FAILURE = FailureClass("held_behind_failure", retriable=True)
 # The relay gave up waiting for the broker (or its lease or drain time ran out) and reset
 # the producer, so nothing it held can land later.
 PRODUCER_RESET = FailureClass("producer_reset", retriable=True)
+
+# A row whose created_at no RFC 3339 time can carry (relay/records.py).
+INVALID_CREATED_AT = FailureClass("invalid_created_at", retriable=False)
+
+# Every class with a fixed name that the relay counts (a lost lane is not counted): their
+# counters exist from the start (relay/metrics.py), so a rule's increase() sees a class's
+# first failures; a counter made at its first use would start at that value.
+NAMED_CLASSES = (
+    RECORD_TOO_LARGE,
+    TOO_LARGE,
+    TOPIC_NOT_ALLOWED,
+    DUPLICATE_ID,
+    UNFETCHABLE,
+    UNMEASURABLE,
+    AUTHORIZATION,
+    INVALID_TOPIC,
+    INVALID_HEADERS,
+    INVALID_CREATED_AT,
+    UNKNOWN_TOPIC,
+    BROKER_TIMEOUT,
+    BROKER_UNAVAILABLE,
+    PRODUCER_STATE,
+    TOPIC_LOOKUP,
+    BATCH_TOO_LARGE,
+    HELD_BEHIND_FAILURE,
+    PRODUCER_RESET,
+)
 
 # Retriable failures that say nothing about the broker answering: they never count toward
 # the streak of failed batches that makes the relay unready.
@@ -89,7 +124,7 @@ _BY_TYPE: tuple[tuple[type[BaseException], FailureClass], ...] = (
 )
 
 
-_FINAL_CAUSES = {TOO_LARGE.name: TOO_LARGE, TOPIC_NOT_ALLOWED.name: TOPIC_NOT_ALLOWED}
+_FINAL_CAUSES = {failure.name: failure for failure in (TOO_LARGE, TOPIC_NOT_ALLOWED, DUPLICATE_ID)}
 # The label of a failure nothing here knows (its name adds the error's type).
 UNEXPECTED = "unexpected"
 # Room for the type's name after "unexpected:" in last_error_class.

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +67,13 @@ class PublishSpans:
     """The spans of one batch, ended together once the broker answered."""
 
     spans: list[Any] = field(default_factory=list)
+
+    def current(self) -> AbstractContextManager[object]:
+        """The batch's first span as the current one (ended or not), so that what is logged
+        about the batch carries its trace and span ids; nothing without a span."""
+        if not self.spans:
+            return nullcontext()
+        return trace.use_span(self.spans[0], end_on_exit=False)
 
     def end(self, failure: str | None) -> None:
         """End every span: OK, or an error named by the failure class of its rows."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from contracts.errors import OutboxRelayError
+from contracts.errors import OutboxRelayError, SchemaNotMigrated
 
 
 class ScoringWriteError(OutboxRelayError):
@@ -85,7 +85,7 @@ class ConflictingFailure(ScoringWriteError):
 class ConflictingReplay(ScoringWriteError):
     """An outbox event with the derived id exists with different content; the transaction was rolled back."""
 
-    def __init__(self, message: str, *, job_ref: str, event_id: uuid.UUID) -> None:
+    def __init__(self, message: str, *, job_ref: str | None, event_id: uuid.UUID) -> None:
         super().__init__(message, job_ref=job_ref)
         self.event_id = event_id
 
@@ -96,3 +96,12 @@ class NotCancellable(ScoringWriteError):
     def __init__(self, message: str, *, job_ref: str, state: str) -> None:
         super().__init__(message, job_ref=job_ref)
         self.state = state
+
+
+class WriterNotMigrated(ScoringWriteError, SchemaNotMigrated):
+    """The database lacks the migration whose SQL functions the writer calls (``migration``
+    names it); ``outbox-relay migrate`` adds it. Nothing was written."""
+
+    def __init__(self, message: str, *, migration: str, job_ref: str | None = None) -> None:
+        super().__init__(message, job_ref=job_ref)
+        self.migration = migration

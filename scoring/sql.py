@@ -9,13 +9,12 @@ from typing import Final
 
 
 def _unix_ms(timestamp: str) -> str:
-    return f"floor(extract(epoch FROM {timestamp}) * 1000)::bigint"
+    return f"floor(extract(epoch FROM {timestamp}) * 1000::numeric)::bigint"
 
 
 # The database clock in unix ms is always clock_timestamp(), never now(): a caller's
 # transaction may have started long before the outcome arrived.
 NOW_UNIX_MS: Final = _unix_ms("clock_timestamp()")
-UPDATED_AT_UNIX_MS: Final = _unix_ms("updated_at")
 
 # Every transition out of 'leased' drops the lease as a whole: the table's CHECK wants the
 # four active_* columns set exactly when the job is leased.
@@ -29,87 +28,42 @@ _RELEASE_LEASE: Final = """active_worker_ref = NULL,
 _END_JOB: Final = f"""next_attempt_at_unix_ms = NULL,
     {_RELEASE_LEASE}"""
 
-# -- the writer: lock, transition, event -------------------------------------------------
+# -- the writer: the SQL functions of migration 0012 ------------------------------------
+# One call each: the functions decide, write, and return rows of outbox_relay_outcome
+# (migrations/0012_scoring_functions.sql; docs/writer.md, "From any language"). Named
+# arguments, so the call does not depend on the order of the functions' parameters.
 
-# The aliases are JobRow's field names: the row becomes a JobRow by name, and a column
-# added to one but not the other fails at once.
-LOCK_JOB_SQL: Final = f"""
-SELECT scoring_state AS state, attempt_count, max_attempts, active_fencing_token,
-       active_lease_expires_at_unix_ms AS lease_expires_at_unix_ms, next_attempt_at_unix_ms,
-       result_ref, completed_fencing_token, last_failure_code,
-       {UPDATED_AT_UNIX_MS} AS updated_at_unix_ms,
-       {NOW_UNIX_MS} AS now_unix_ms
-FROM scoring_job_state
-WHERE scoring_job_ref = $1
-FOR UPDATE
-"""
+_EVENT_ARGUMENTS: Final = """source => $5, tenant_ref => $6, correlation_ref => $7,
+    schema_version => $8, causation_ref => $9, event_type => $10, traceparent => $11,
+    tracestate => $12, event_id => $13, max_event_bytes => $14"""
 
-DATABASE_CLOCK_SQL: Final = f"SELECT {NOW_UNIX_MS}"
-
-# The WHERE clause repeats the fence and re-reads the clock: the row is locked, so only
-# the clock can have moved since the decision, and an expired lease must not complete.
 COMPLETE_JOB_SQL: Final = f"""
-UPDATE scoring_job_state
-SET scoring_state = 'completed',
-    result_ref = $3,
-    completed_fencing_token = $2,
-    {_END_JOB}
-WHERE scoring_job_ref = $1
-  AND scoring_state = 'leased'
-  AND active_fencing_token = $2
-  AND active_lease_expires_at_unix_ms >= {NOW_UNIX_MS}
-RETURNING {UPDATED_AT_UNIX_MS}
+SELECT * FROM outbox_relay_complete_job(
+    job_ref => $1, fencing_token => $2, result_ref => $3, payload => $4::jsonb,
+    {_EVENT_ARGUMENTS})
 """
 
-# $4: true when the lease must have expired (the sweeper), false when it must be live.
-QUARANTINE_JOB_SQL: Final = f"""
-UPDATE scoring_job_state
-SET scoring_state = 'quarantined',
-    last_failure_code = $3,
-    {_END_JOB}
-WHERE scoring_job_ref = $1
-  AND scoring_state = 'leased'
-  AND active_fencing_token = $2
-  AND (active_lease_expires_at_unix_ms < {NOW_UNIX_MS}) = $4::boolean
-RETURNING {UPDATED_AT_UNIX_MS}
+FAIL_JOB_PERMANENTLY_SQL: Final = f"""
+SELECT * FROM outbox_relay_fail_job_permanently(
+    job_ref => $1, fencing_token => $2, cause_code => $3, detail => $4::jsonb,
+    {_EVENT_ARGUMENTS})
 """
 
-# An event is present when it is pending in outbox or already published (outbox_receipt,
-# same id). A receipt keeps no payload, so only its identity columns can be compared.
-FIND_EVENT_SQL: Final = """
-SELECT false AS published, aggregatetype, aggregateid, type, tenant_ref, schema_version,
-       payload #>> '{envelope,payload_digest}' AS payload_digest
-FROM outbox
-WHERE id = $1
-UNION ALL
-SELECT true, aggregatetype, aggregateid, type, NULL, NULL, NULL
-FROM outbox_receipt
-WHERE id = $1
+FAIL_RETRYABLE_SQL: Final = f"""
+SELECT * FROM outbox_relay_fail_retryable(
+    job_ref => $1, fencing_token => $2, cause_code => $3, detail => $4::jsonb,
+    {_EVENT_ARGUMENTS}, retry_delay_ms => $15)
 """
 
-INSERT_EVENT_SQL: Final = """
-INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload, tenant_ref,
-                    schema_version, correlation_ref, causation_ref, traceparent, tracestate)
-VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11)
-ON CONFLICT (id) DO NOTHING
-RETURNING id
+# $2..$10 NULL: no event details, so a spent job comes back as needs_event_details.
+EXPIRE_LEASES_SQL: Final = """
+SELECT * FROM outbox_relay_expire_leases(
+    "limit" => $1, source => $2, tenant_ref => $3, correlation_ref => $4,
+    schema_version => $5, causation_ref => $6, event_type => $7, traceparent => $8,
+    tracestate => $9, max_event_bytes => $10, job_refs => $11)
 """
 
-# Puts a caller-owned transaction into the aborted state, so that after a conflicting
-# replay its COMMIT can only roll back: the transition already written in it must never
-# commit without its event. Our own transactions simply roll back instead.
-ABORT_CALLER_TRANSACTION_SQL: Final = """
-DO $$
-BEGIN
-    RAISE EXCEPTION USING
-        ERRCODE = 'P0001',
-        MESSAGE = 'outbox-relay scoring writer: conflicting outbox replay; '
-                  'this transaction must roll back';
-END
-$$
-"""
-
-# -- the worker: enqueue, claim, retry, expire, cancel -----------------------------------
+# -- the worker: enqueue, claim, cancel (no event: plain statements) ---------------------
 
 ENQUEUE_JOB_SQL: Final = """
 INSERT INTO scoring_job_state (scoring_job_ref, scoring_request_ref, scoring_state, max_attempts)
@@ -150,51 +104,9 @@ RETURNING j.scoring_job_ref, j.scoring_request_ref, j.attempt_count, j.max_attem
           j.active_lease_expires_at_unix_ms
 """
 
-# Fenced and clock-checked like COMPLETE_JOB_SQL; the budget test repeats the decision's.
-RETRY_JOB_SQL: Final = f"""
-UPDATE scoring_job_state
-SET scoring_state = 'retry_scheduled',
-    last_failure_code = $3,
-    next_attempt_at_unix_ms = {NOW_UNIX_MS} + $4::bigint,
-    {_RELEASE_LEASE}
-WHERE scoring_job_ref = $1
-  AND scoring_state = 'leased'
-  AND active_fencing_token = $2
-  AND attempt_count < max_attempts
-  AND active_lease_expires_at_unix_ms >= {NOW_UNIX_MS}
-RETURNING next_attempt_at_unix_ms
-"""
-
-# Expired leases with budget left go back to retry_scheduled, due now, in this one
-# statement; the rest are returned so each is quarantined with its event.
-EXPIRE_LEASES_SQL: Final = f"""
-WITH clock AS MATERIALIZED (
-    SELECT {NOW_UNIX_MS} AS now_unix_ms
-),
-expired AS (
-    SELECT j.scoring_job_ref, j.attempt_count, j.max_attempts, j.active_fencing_token
-    FROM scoring_job_state j
-    WHERE j.scoring_state = 'leased'
-      AND j.active_lease_expires_at_unix_ms < (SELECT now_unix_ms FROM clock)
-    ORDER BY j.active_lease_expires_at_unix_ms, j.scoring_job_ref
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
-),
-rescheduled AS (
-    UPDATE scoring_job_state j
-    SET scoring_state = 'retry_scheduled',
-        last_failure_code = $2,
-        next_attempt_at_unix_ms = clock.now_unix_ms,
-        {_RELEASE_LEASE}
-    FROM expired, clock
-    WHERE j.scoring_job_ref = expired.scoring_job_ref
-      AND expired.attempt_count < expired.max_attempts
-    RETURNING j.scoring_job_ref
-)
-SELECT e.scoring_job_ref, e.active_fencing_token,
-       e.scoring_job_ref IN (SELECT r.scoring_job_ref FROM rescheduled r) AS rescheduled
-FROM expired e
-ORDER BY e.scoring_job_ref
+# A job's state, locked for the rest of the transaction (cancel decides on it).
+LOCK_JOB_STATE_SQL: Final = """
+SELECT scoring_state FROM scoring_job_state WHERE scoring_job_ref = $1 FOR UPDATE
 """
 
 CANCEL_JOB_SQL: Final = f"""

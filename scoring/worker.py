@@ -1,10 +1,10 @@
 """The rest of a small worker SDK over ``scoring_job_state``: enqueue, claim the next due
 job, retryable failure, lease expiry and cancellation.
 
-Every path that ends a job permanently (a retryable failure with its budget spent, an
-expired lease with its budget spent) goes through the same permanent-failure path as the
-writer (:func:`scoring.store.fail_under_lock`), so the quarantine and its event commit
-together.
+A retryable failure and lease expiry can end a job, with its event: they are SQL functions
+(``outbox_relay_fail_retryable``, ``outbox_relay_expire_leases``, migration 0012) that take
+the same permanent-failure path as the writer's, so the quarantine and its event commit
+together. Enqueue, claim and cancel write no event and are plain statements.
 """
 
 from __future__ import annotations
@@ -16,13 +16,16 @@ from typing import Final
 import asyncpg
 
 from contracts.envelope import JsonValue
-from scoring.errors import ConflictingReplay, NotCancellable
+from scoring.errors import ConflictingReplay, NotCancellable, UnknownJob
 from scoring.events import (
+    EventArguments,
     EventDetails,
-    prepare_failure_event,
-    validate_cause_code,
+    event_arguments,
+    json_text,
+    sendable_integer,
+    sendable_text,
     validate_duration_ms,
-    validate_fencing_token,
+    validate_job_ref,
     validate_ref,
 )
 from scoring.outcomes import ClaimedJob, FailureOutcome, LeaseExpiry, RetryScheduled
@@ -31,10 +34,10 @@ from scoring.sql import (
     CLAIM_NEXT_DUE_SQL,
     ENQUEUE_JOB_SQL,
     EXPIRE_LEASES_SQL,
-    RETRY_JOB_SQL,
+    FAIL_RETRYABLE_SQL,
+    LOCK_JOB_STATE_SQL,
 )
-from scoring.store import fail_under_lock, fenced_transition, lock_job, outcome_transaction
-from scoring.transitions import Decision, JobRow, decide_retryable_failure, expiry_applies
+from scoring.store import Row, call, failure_outcome, outcome_transaction, refusal, settled
 
 # The names docs/writer.md documents under scoring.worker; the result types live in
 # scoring.outcomes.
@@ -68,7 +71,7 @@ async def enqueue_job(
     conn: asyncpg.Connection, *, job_ref: str, request_ref: str, max_attempts: int
 ) -> bool:
     """Queue a new job; False when a job with this ref already exists (left unchanged)."""
-    validate_ref("job_ref", job_ref)
+    validate_job_ref(job_ref)
     validate_ref("request_ref", request_ref, job_ref=job_ref)
     validate_duration_ms("max_attempts", max_attempts, minimum=1)
     created = await conn.fetchval(ENQUEUE_JOB_SQL, job_ref, request_ref, max_attempts)
@@ -108,30 +111,22 @@ async def fail_retryable(
     detail: JsonValue = None,
 ) -> RetryScheduled | FailureOutcome:
     """Record a retryable failure: retry after ``retry_delay_ms``, or quarantine with its event when the budget is spent."""
-    validate_ref("job_ref", job_ref)
-    validate_fencing_token(fencing_token, job_ref=job_ref)
-    validate_cause_code(cause_code, job_ref=job_ref)
-    validate_duration_ms("retry_delay_ms", retry_delay_ms, minimum=0)
-    # Validated now, before any write, although it is only used when the budget is spent.
-    prepared = prepare_failure_event(
-        job_ref=job_ref, cause_code=cause_code, detail=detail, event=event
+    job_ref = sendable_text("job_ref", job_ref)
+    arguments = (
+        job_ref,
+        sendable_integer("fencing_token", fencing_token, job_ref=job_ref),
+        sendable_text("cause_code", cause_code, job_ref=job_ref),
+        json_text("payload.detail", detail, job_ref=job_ref),
+        *event_arguments(event, job_ref=job_ref).as_tuple(),
+        sendable_integer("retry_delay_ms", retry_delay_ms, job_ref=job_ref),
     )
-
-    async def decide(row: JobRow) -> Decision | RetryScheduled:
-        decision = decide_retryable_failure(job_ref, row, fencing_token, cause_code)
-        if decision is Decision.DUPLICATE_RETRY:
-            assert row.next_attempt_at_unix_ms is not None  # retry_scheduled has one (CHECK)
-            return RetryScheduled(job_ref, row.next_attempt_at_unix_ms, duplicate=True)
-        if decision is Decision.RETRY:
-            next_at = await fenced_transition(
-                conn, row, RETRY_JOB_SQL, job_ref, fencing_token, cause_code, retry_delay_ms
-            )
-            return RetryScheduled(job_ref, next_at, duplicate=False)
-        return decision  # the budget is spent: a permanent failure
-
-    return await fail_under_lock(
-        conn, prepared, decide, fencing_token=fencing_token, lease_must_be_expired=False
-    )
+    [row] = await call(conn, FAIL_RETRYABLE_SQL, *arguments, job_ref=job_ref)
+    row = settled(row)
+    if row["outcome"] in ("retry_scheduled", "retry_duplicate"):
+        return RetryScheduled(
+            job_ref, row["next_attempt_at_unix_ms"], duplicate=row["outcome"] == "retry_duplicate"
+        )
+    return failure_outcome(row)  # the budget was spent: a permanent failure
 
 
 async def expire_leases(
@@ -143,61 +138,78 @@ async def expire_leases(
     """End up to ``limit`` expired leases: retry due now, or quarantine (``lease_expired``) with its event when the budget is spent.
 
     ``event`` gives the failure event's details, or a function of the job ref returning them
-    (the job table has no tenant column, so a multi-tenant caller must look it up).
+    (the job table has no tenant column, so a multi-tenant caller must look it up). With
+    details, the sweep is one call and one transaction (the caller's, or its own). With a
+    function, the sweep leaves each spent job leased and each is then quarantined by a call
+    of its own, with its own details (in its own transaction unless the caller's is open).
     """
-    validate_duration_ms("limit", limit, minimum=1)
+    sendable_integer("limit", limit)
     caller_owned = conn.is_in_transaction()
-    records = await conn.fetch(EXPIRE_LEASES_SQL, limit, LEASE_EXPIRED)
-    rescheduled = tuple(r["scoring_job_ref"] for r in records if r["rescheduled"])
+    details_for = event if callable(event) else None
+    rows = await _expire(conn, limit, None if callable(event) else event_arguments(event))
+    rescheduled: list[str] = []
     quarantined: list[FailureOutcome] = []
     conflicts: list[str] = []
-    for record in records:
-        if record["rescheduled"]:
-            continue
-        job_ref, fencing_token = record["scoring_job_ref"], record["active_fencing_token"]
-        prepared = prepare_failure_event(
-            job_ref=job_ref,
-            cause_code=LEASE_EXPIRED,
-            detail=None,
-            event=event(job_ref) if callable(event) else event,
-        )
+    for row in rows:
+        if row["outcome"] == "needs_event_details" and details_for is not None:
+            job_ref = row["job_ref"]
+            arguments = event_arguments(details_for(job_ref), job_ref=job_ref)
+            try:
+                again = await _expire(conn, 1, arguments, job_refs=[job_ref])
+            except ConflictingReplay:
+                if caller_owned:
+                    raise  # the caller's transaction is aborted; nothing else can proceed in it
+                conflicts.append(job_ref)
+                continue
+            if not again:
+                continue  # a worker finished it, or another sweep took it, meanwhile
+            row = again[0]
+        match row["outcome"]:
+            case "rescheduled":
+                rescheduled.append(row["job_ref"])
+            case "quarantined":
+                quarantined.append(failure_outcome(row))
+            case "refused":
+                # Its event cannot be written (another event under its id, or one the
+                # outbox's door would refuse): left leased, which the health sidecar counts.
+                conflicts.append(row["job_ref"])
+    return LeaseExpiry(tuple(sorted(rescheduled)), tuple(quarantined), tuple(conflicts))
 
-        # fencing_token is bound as a default: this record's, not whatever the loop holds later.
-        async def still_expired(row: JobRow, fencing_token: int = fencing_token) -> Decision | None:
-            # Re-checked under the lock: between the sweep and this transaction the worker
-            # may have finished the job, or another sweeper may have got there first.
-            return Decision.APPLY if expiry_applies(row, fencing_token) else None
 
-        try:
-            outcome = await fail_under_lock(
-                conn,
-                prepared,
-                still_expired,
-                fencing_token=fencing_token,
-                lease_must_be_expired=True,
-            )
-        except ConflictingReplay:
-            if caller_owned:
-                raise  # the caller's transaction is aborted; nothing else can proceed in it
-            conflicts.append(job_ref)
-            continue
-        if outcome is not None:
-            quarantined.append(outcome)
-    return LeaseExpiry(rescheduled, tuple(quarantined), tuple(conflicts))
+async def _expire(
+    conn: asyncpg.Connection,
+    limit: int,
+    details: EventArguments | None,
+    *,
+    job_refs: list[str] | None = None,
+) -> list[Row]:
+    """One call of ``outbox_relay_expire_leases``; without details, spent jobs come back as
+    ``needs_event_details``. A refusal of the arguments themselves is raised."""
+    if details is None:
+        event: tuple[object, ...] = (None,) * 9
+    else:
+        event = details.as_tuple()
+        event = event[:8] + event[9:]  # the sweep derives each job's id: no event_id
+    rows = await call(conn, EXPIRE_LEASES_SQL, limit, *event, job_refs, job_ref=None)
+    if rows and rows[0]["outcome"] == "refused" and rows[0]["job_ref"] is None:
+        raise refusal(rows[0])
+    return rows
 
 
 async def cancel_job(conn: asyncpg.Connection, *, job_ref: str) -> bool:
     """Cancel a queued, leased or retry-scheduled job; False when it was already cancelled."""
     validate_ref("job_ref", job_ref)
     async with outcome_transaction(conn):
-        row = await lock_job(conn, job_ref)
-        if row.state == "cancelled":
+        state = await conn.fetchval(LOCK_JOB_STATE_SQL, job_ref)
+        if state is None:
+            raise UnknownJob(f"no scoring job {job_ref!r}", job_ref=job_ref)
+        if state == "cancelled":
             return False
-        if row.state in ("completed", "quarantined"):
+        if state in ("completed", "quarantined"):
             raise NotCancellable(
-                f"job {job_ref!r} is {row.state}; a terminal job cannot be cancelled",
+                f"job {job_ref!r} is {state}; a terminal job cannot be cancelled",
                 job_ref=job_ref,
-                state=row.state,
+                state=state,
             )
         await conn.execute(CANCEL_JOB_SQL, job_ref)
         return True

@@ -162,7 +162,9 @@ async def test_relay_behind_pgbouncer_without_a_listen_url_polls_and_says_why_on
     assert "--listen-database-url" in said[0].cause  # type: ignore[attr-defined]
     # The test role has no planner settings of its own: the relay names what is missing.
     (missing,) = [r for r in caplog.records if "not in effect" in r.getMessage()]
-    assert missing.settings == "enable_bitmapscan, enable_seqscan, enable_sort, jit"  # type: ignore[attr-defined]
+    assert missing.settings == (  # type: ignore[attr-defined]
+        "enable_bitmapscan, enable_seqscan, enable_sort, jit, statement_timeout"
+    )
 
 
 # -- the health sidecar ----------------------------------------------------------------------
@@ -209,12 +211,14 @@ async def test_run_no_relay_serves_health_through_pgbouncer(
 async def test_run_with_the_relay_through_pgbouncer_is_within_bounds(
     behind_pgbouncer: PooledDatabase, kafka_bootstrap: str
 ) -> None:
-    # The relay's planner settings, set where the pooler's server connections pick them up.
+    # The relay's planner settings and statement timeout, set where the pooler's server
+    # connections pick them up.
     conn = await asyncpg.connect(behind_pgbouncer.direct)
     try:
         database = await conn.fetchval("SELECT current_database()")
         for name in ("enable_seqscan", "enable_bitmapscan", "enable_sort", "jit"):
             await conn.execute(f'ALTER DATABASE "{database}" SET {name} = off')
+        await conn.execute(f'ALTER DATABASE "{database}" SET statement_timeout = 5000')
     finally:
         await conn.close()
     # The shipped policy, relay family included: heartbeats and lanes through the pooler.

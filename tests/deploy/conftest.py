@@ -23,6 +23,7 @@ from tests.support.services import REQUIRED
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 EXAMPLE = DEPLOY / "overlays" / "example"
+STRIMZI = DEPLOY / "overlays" / "strimzi"
 KUSTOMIZE_MODULE = "sigs.k8s.io/kustomize/kustomize/v5"
 KUSTOMIZE_VERSION = "v5.8.2"  # the newest release the machine's Go (1.26) builds
 
@@ -98,6 +99,12 @@ def render(kustomize: str, directory: Path) -> list[dict[str, Any]]:
 def rendered(kustomize: str) -> list[dict[str, Any]]:
     """The example overlay, rendered."""
     return render(kustomize, EXAMPLE)
+
+
+@pytest.fixture(scope="session")
+def rendered_strimzi(kustomize: str) -> list[dict[str, Any]]:
+    """The Strimzi overlay, rendered."""
+    return render(kustomize, STRIMZI)
 
 
 def one(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:

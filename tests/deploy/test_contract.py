@@ -4,178 +4,37 @@ environment (names verbatim; values from the example overlay's ConfigMaps and Se
 addresses pointed at this machine's services, each pod under its own part's role), and
 answer their probes on the declared port. The Job migrates and grants; the relays publish;
 the sidecar classifies; with a stalled scoring queue the relays stay ready and only the
-sidecar says stalled. Over the four processes' scrapes every alert rule and the dashboard's
-backlog panel are evaluated: one stall is one firing alert, the backlog is the table's."""
+sidecar says stalled. Every metric an alert rule reads is in the four processes' scrapes, and
+promtool evaluates the rules and the dashboard's backlog panel over them: one stall is one
+firing alert, the backlog is the table's."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
 import yaml
 
 from tests.deploy.conftest import EXAMPLE, MIGRATE_JOB, one
-from tests.deploy.promql import Evaluator, Target, firing
+from tests.deploy.pods import Cluster, Pod, make_roles, run_once, running
+from tests.support import promtool
 from tests.support.http import get
-from tests.support.ports import free_port
-from tests.unit.test_monitoring_kit import ALERTS, DASHBOARD
+from tests.unit.test_monitoring_kit import ALERTS, DASHBOARD, metric_names
 
 NAMESPACE = "scoring-test"
 BACKLOG_PANEL = "Pending events"
-
-
-def _env_file(path: Path) -> dict[str, str]:
-    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
-    return {key.strip(): value.strip() for key, value in pairs}
-
-
-@dataclass(frozen=True)
-class Pod:
-    """One container as the kubelet would start it, turned into a process's argv and env."""
-
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    port: int | None
-
-
-class Cluster:
-    """What the manifests' references resolve to here: the overlay's ConfigMaps and Secret
-    (database addresses and roles pointed at the test's server), files the pods mount."""
-
-    def __init__(
-        self,
-        rendered: list[dict[str, Any]],
-        image: Mapping[str, Any],
-        *,
-        server_url: str,
-        bootstrap: str,
-        topic_template: str,
-        suffix: str,
-        workdir: Path,
-    ) -> None:
-        self.rendered = rendered
-        self.image = image
-        self.workdir = workdir
-        self.suffix = suffix
-        server = urlsplit(server_url)
-        self.config_maps: dict[str, dict[str, str]] = {}
-        for obj in rendered:
-            if obj["kind"] == "ConfigMap":
-                base = re.sub(r"-[a-z0-9]{10}$", "", obj["metadata"]["name"])
-                self.config_maps[obj["metadata"]["name"]] = dict(obj["data"])
-                self.config_maps[base] = dict(obj["data"])
-        for data in self.config_maps.values():
-            if "KAFKA_BOOTSTRAP_SERVERS" in data:
-                data["KAFKA_BOOTSTRAP_SERVERS"] = bootstrap
-                # Not the overlay's: topics of this test only.
-                data["OUTBOX_RELAY_TOPIC_TEMPLATE"] = topic_template
-            for key in ("WRITER_ROLE", "RELAY_ROLE", "SIDECAR_ROLE"):
-                if key in data:
-                    data[key] = data[key] + suffix
-        # The Secret's URLs: the overlay's role and password, this server's address.
-        self.secret: dict[str, str] = {}
-        for key, url in _env_file(EXAMPLE / "database.env").items():
-            parts = urlsplit(url)
-            netloc = f"{parts.username}{suffix}:{parts.password}@{server.hostname}:{server.port}"
-            self.secret[key] = urlunsplit(server._replace(netloc=netloc))
-        self.roles = {key: urlsplit(url).username or "" for key, url in self.secret.items()}
-        self.passwords = {key: urlsplit(url).password or "" for key, url in self.secret.items()}
-
-    def pod(self, container: Mapping[str, Any], volumes: list[dict[str, Any]], name: str) -> Pod:
-        """The process a container is: the image's entry point and env, then the pod's."""
-        env = dict(self.image["env"])
-        env.pop("PATH", None)
-        for source in container.get("envFrom", []):
-            env.update(self.config_maps[source["configMapRef"]["name"]])
-        for item in container.get("env", []):
-            if "value" in item:
-                env[item["name"]] = item["value"]
-                continue
-            ref = item["valueFrom"]
-            if "secretKeyRef" in ref:
-                env[item["name"]] = self.secret[ref["secretKeyRef"]["key"]]
-            elif ref.get("fieldRef", {}).get("fieldPath") == "metadata.name":
-                env[item["name"]] = name
-            else:
-                raise AssertionError(f"an env source the test does not resolve: {ref}")
-        # Mounted ConfigMaps become files; the env names them at the mount path.
-        for mount in container.get("volumeMounts", []):
-            (volume,) = [v for v in volumes if v["name"] == mount["name"]]
-            if "configMap" in volume:
-                directory = self.workdir / name / mount["name"]
-                directory.mkdir(parents=True, exist_ok=True)
-                for file, text in self.config_maps[volume["configMap"]["name"]].items():
-                    (directory / file).write_text(text)
-                for key, value in env.items():
-                    if value.startswith(mount["mountPath"] + "/"):
-                        env[key] = str(directory / value.removeprefix(mount["mountPath"] + "/"))
-        args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container["args"]]
-        ports = [p["containerPort"] for p in container.get("ports", [])]
-        port = None
-        if ports:
-            # The pod's own network: the declared port is the image's PORT, moved here to a
-            # free one so four pods share this machine's loopback.
-            assert ports == [int(env["PORT"])], (ports, env["PORT"])
-            port = free_port()
-            env["PORT"] = str(port)
-        entrypoint = [str(Path(sys.executable).parent / self.image["entrypoint"][0])]
-        return Pod(name, entrypoint + args, env, port)
-
-    def pods(self, kind: str, name: str, replicas: int = 1) -> list[Pod]:
-        """Every container of the workload, in the order the kubelet runs them."""
-        spec = one(self.rendered, kind, name)["spec"]["template"]["spec"]
-        volumes = spec.get("volumes", [])
-        containers = spec.get("initContainers", []) + spec["containers"]
-        return [
-            self.pod(container, volumes, f"{name}-{index}")
-            for index in range(replicas)
-            for container in containers
-        ]
-
-
-async def _run(pod: Pod) -> tuple[int, str]:
-    # The image's PATH puts its venv first: here, this one.
-    argv = [str(Path(sys.executable)) if pod.argv[0] == "python" else pod.argv[0], *pod.argv[1:]]
-    process = await asyncio.create_subprocess_exec(
-        *argv,
-        env={"PATH": os.environ["PATH"], **pod.env},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await asyncio.wait_for(process.communicate(), 120)
-    return process.returncode or 0, out.decode(errors="replace")
-
-
-@asynccontextmanager
-async def _running(pod: Pod, logs: Path) -> AsyncIterator[asyncio.subprocess.Process]:
-    with (logs / f"{pod.name}.log").open("wb") as log:
-        process = await asyncio.create_subprocess_exec(
-            *pod.argv, env={"PATH": os.environ["PATH"], **pod.env}, stdout=log, stderr=log
-        )
-    try:
-        yield process
-    finally:
-        if process.returncode is None:
-            process.terminate()
-            try:
-                await asyncio.wait_for(process.wait(), 30)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+# The scrapes, held this long for promtool: longer than any rule's `for:` and range.
+HOLD_S = 45 * 60
 
 
 async def _status(pod: Pod, path: str) -> int | None:
@@ -217,28 +76,62 @@ async def _scrape(pods: list[Pod]) -> list[str]:
     return texts
 
 
-async def _scrapes(pods: list[Pod], seconds: float) -> Evaluator:
-    return Evaluator(await _targets(pods, seconds), seconds=seconds, now=time.time())
-
-
-async def _targets(pods: list[Pod], seconds: float) -> list[Target]:
-    """Two scrapes of each pod ``seconds`` apart, labelled as the PodMonitor labels them."""
+async def _targets(
+    pods: list[Pod], rendered: list[dict[str, Any]], seconds: float
+) -> list[promtool.Target]:
+    """Two scrapes of each pod ``seconds`` apart, labelled as the PodMonitor labels them:
+    its job label (the pod's app.kubernetes.io/name), the namespace, the pod labels it copies
+    (app.kubernetes.io/instance as app_kubernetes_io_instance), the address and the pod."""
     first = await _scrape(pods)
     await asyncio.sleep(seconds)
     last = await _scrape(pods)
-    return [
-        Target(
-            {
-                "job": "outbox-relay",
-                "namespace": NAMESPACE,
-                "instance": f"{pod.name}:8080",
-                "pod": pod.name,
-            },
-            a,
-            b,
-        )
-        for pod, a, b in zip(pods, first, last, strict=True)
-    ]
+    at = time.time()
+    monitor = one(rendered, "PodMonitor", "outbox-relay")["spec"]
+    targets = []
+    for pod, a, b in zip(pods, first, last, strict=True):
+        workload = pod.name.rsplit("-", 1)[0]
+        labels = one(rendered, "Deployment", workload)["spec"]["template"]["metadata"]["labels"]
+        copied = {
+            re.sub(r"[^a-zA-Z0-9_]", "_", name): labels[name]
+            for name in monitor.get("podTargetLabels", [])
+        }
+        target = {
+            "job": labels[monitor["jobLabel"]],
+            "namespace": NAMESPACE,
+            **copied,
+            "instance": f"{pod.name}:8080",
+            "pod": pod.name,
+        }
+        targets.append(promtool.Target(target, a, b, seconds, at))
+    return targets
+
+
+def _scrape_interval_s(rendered: list[dict[str, Any]]) -> int:
+    (endpoint,) = one(rendered, "PodMonitor", "outbox-relay")["spec"]["podMetricsEndpoints"]
+    interval = re.fullmatch(r"(\d+)s", endpoint["interval"])
+    assert interval, endpoint
+    return int(interval.group(1))
+
+
+def _judge(
+    rendered: list[dict[str, Any]],
+    targets: list[promtool.Target],
+    firing: dict[str, int],
+    workdir: Path,
+    queries: list[dict[str, Any]] | None = None,
+) -> None:
+    """promtool says exactly these alerts fire over the targets' series (and the queries
+    give their samples)."""
+    judged = promtool.firing_check(
+        ALERTS,
+        targets,
+        firing=firing,
+        interval_s=_scrape_interval_s(rendered),
+        hold_s=HOLD_S,
+        queries=queries or [],
+        directory=workdir,
+    )
+    assert judged.returncode == 0, judged.stdout + judged.stderr
 
 
 def _rules() -> list[dict[str, Any]]:
@@ -246,31 +139,27 @@ def _rules() -> list[dict[str, Any]]:
     return [rule for group in document["groups"] for rule in group["rules"]]
 
 
-def _backlog_queries() -> list[str]:
+def _backlog_queries(pending: int) -> list[dict[str, Any]]:
+    """The dashboard's backlog panel as promtool expression tests: the sidecar's gauge is the
+    table's count; the relay's own backlog gauge is not exported by relay-only processes."""
     dashboard = json.loads(DASHBOARD.read_text())
     (panel,) = [p for p in dashboard["panels"] if p.get("title") == BACKLOG_PANEL]
-    return [
-        t["expr"].replace("$job", "outbox-relay").replace("$namespace", NAMESPACE)
-        for t in panel["targets"]
-    ]
-
-
-async def _roles(admin: asyncpg.Connection, cluster: Cluster, database: str) -> list[str]:
-    """The roles a DBA makes before the Job runs: one login per part, the Job's owning the
-    database."""
-    made = []
-    for key, role in cluster.roles.items():
-        await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
-        password = cluster.passwords[key].replace("'", "''")
-        await admin.execute(f"CREATE ROLE \"{role}\" LOGIN PASSWORD '{password}'")
-        made.append(role)
-    owner = cluster.roles["migrate-url"]
-    await admin.execute(f'ALTER DATABASE "{database}" OWNER TO "{owner}"')
-    writer = cluster.config_maps["outbox-relay-roles"]["WRITER_ROLE"]
-    await admin.execute(f'DROP ROLE IF EXISTS "{writer}"')
-    await admin.execute(f'CREATE ROLE "{writer}"')
-    made.append(writer)
-    return made
+    expected = {
+        "outbox_relay_outbox_pending_events": [
+            {"labels": f'{{namespace="{NAMESPACE}"}}', "value": pending}
+        ],
+        "outbox_relay_pending_events": [],
+    }
+    queries = []
+    for target in panel["targets"]:
+        expr = target["expr"]
+        for variable, value in (("$job", "outbox-relay"), ("$namespace", NAMESPACE)):
+            expr = expr.replace(variable, value)
+        expr = expr.replace("$install", ".*")
+        (name,) = metric_names(expr)
+        queries.append({"expr": expr, "exp_samples": expected[name]})
+    assert len(queries) == len(expected)
+    return queries
 
 
 _LANES_SHARED = """
@@ -329,19 +218,24 @@ async def test_the_manifests_run_as_processes_and_the_kit_reads_them_once(
     cluster = Cluster(
         rendered,
         image,
+        database_env=EXAMPLE / "database.env",
         server_url=empty_database_url,
-        bootstrap=kafka_bootstrap,
-        topic_template=f"{topic_namespace}.{{aggregatetype}}",
+        # Not the overlay's: this machine's broker, topics of this test only.
+        settings={
+            "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+            "OUTBOX_RELAY_TOPIC_TEMPLATE": f"{topic_namespace}.{{aggregatetype}}",
+            "OUTBOX_RELAY_ALLOWED_TOPICS": rf"{re.escape(topic_namespace)}\..*",
+        },
         suffix=f"_{uuid.uuid4().hex[:8]}",
         workdir=tmp_path,
     )
     admin = await asyncpg.connect(empty_database_url)
     await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-    roles = await _roles(admin, cluster, database)
+    roles = await make_roles(admin, cluster, database)
     try:
         # The Job: each step in order, each must succeed.
         for step in cluster.pods("Job", MIGRATE_JOB):
-            code, output = await _run(step)
+            code, output = await run_once(step)
             assert code == 0, (step.argv[1:], output)
         assert await admin.fetchval("SELECT count(*) FROM outbox_relay_migration") >= 5
         relay_role = cluster.roles["relay-url"]
@@ -357,14 +251,14 @@ async def test_the_manifests_run_as_processes_and_the_kit_reads_them_once(
         relays = cluster.pods("Deployment", "outbox-relay", replicas=3)
         async with AsyncExitStack() as stack:
             for pod in [sidecar, *relays]:
-                await stack.enter_async_context(_running(pod, tmp_path))
+                await stack.enter_async_context(running(pod, tmp_path))
             for pod in relays:
                 await _until(lambda p=pod: _is(p, "/readyz", 200), f"{pod.name} ready")
             await _until(lambda: _is(sidecar, "/livez", 200), "the sidecar live")
             # The image's HEALTHCHECK, run with each pod's environment, finds its server.
             for pod in [sidecar, *relays]:
                 check = Pod(pod.name, image["healthcheck"], pod.env, pod.port)
-                assert await _run(check) == (0, ""), pod.name
+                assert await run_once(check) == (0, ""), pod.name
 
             # Three relays publish: once the lanes are shared, each records some events.
             await _until(
@@ -380,19 +274,34 @@ async def test_the_manifests_run_as_processes_and_the_kit_reads_them_once(
             await _until(lambda: _published_by_each(admin, instances), "every relay publishing")
             await admin.execute(_HELD_EVENTS, held)
             await _until(lambda: _pending_seen(sidecar, held), "the sidecar seeing the backlog")
-            # The sidecar classifies every family; nothing fires; the backlog is the table's.
-            await _until(lambda: _within(sidecar), "the sidecar within bounds")
-            evaluate = await _scrapes([sidecar, *relays], seconds=2.0)
-            assert firing(_rules(), evaluate) == []
+            # A writer's transaction stays open across the scrapes, so that every measurement
+            # has a value (an age is left out while there is nothing to measure).
+            writer = await asyncpg.connect(empty_database_url)
+            try:
+                await writer.execute("BEGIN")
+                await writer.execute(_EVENTS, 1)
+                await _until(
+                    lambda: _measured(sidecar, "relay:oldest_blocking_transaction_age"),
+                    "the sidecar seeing the open writer",
+                )
+                # The sidecar classifies every family. Every metric a rule reads is in the
+                # scrapes of the deployed shape; nothing fires; the backlog is the table's.
+                await _until(lambda: _within(sidecar), "the sidecar within bounds")
+                targets = await _targets([sidecar, *relays], rendered, seconds=2.0)
+            finally:
+                await writer.close()  # its transaction rolls back
+            exported = {"up"} | {name for t in targets for name in promtool.series_names(t.last)}
+            unread = {
+                rule["alert"]: sorted(metric_names(rule["expr"]) - exported)
+                for rule in _rules()
+                if metric_names(rule["expr"]) - exported
+            }
+            assert unread == {}
             pending = await admin.fetchval(
                 "SELECT count(*) FROM outbox WHERE quarantined_at IS NULL"
             )
             assert pending == held
-            answers = [evaluate(query) for query in _backlog_queries()]
-            values = [a for a in answers if isinstance(a, list) and a]
-            assert values, answers
-            for answer in values:
-                assert [value for _, value in answer] == [float(pending)], answers
+            _judge(rendered, targets, {}, tmp_path, _backlog_queries(pending))
 
             # A stalled scoring queue: the sidecar says so, the relays stay ready.
             await admin.execute(_STALLED_JOB)
@@ -404,20 +313,17 @@ async def test_the_manifests_run_as_processes_and_the_kit_reads_them_once(
                 assert await _status(pod, "/livez") == 200, pod.name
                 document = await _health(pod)
                 assert _classification(document, "scoring_jobs") is None
-            targets = await _targets([sidecar, *relays], seconds=2.0)
-            alerts = firing(_rules(), Evaluator(targets, seconds=2.0, now=time.time()))
-            assert [name for name, _ in alerts] == ["OutboxRelayScoringJobsStalled"], alerts
+            targets = await _targets([sidecar, *relays], rendered, seconds=2.0)
+            _judge(rendered, targets, {"OutboxRelayScoringJobsStalled": 1}, tmp_path)
             # Gone from discovery: without the sidecar no family is judged, and that fires;
             # without anything, the relays' absence fires too.
-            without_sidecar = Evaluator(targets[1:], seconds=2.0, now=time.time())
-            assert {name for name, _ in firing(_rules(), without_sidecar)} == {
-                "OutboxRelayHealthAbsent"
-            }
-            nothing = Evaluator([], seconds=2.0, now=time.time())
-            assert {name for name, _ in firing(_rules(), nothing)} == {
-                "OutboxRelayHealthAbsent",
-                "OutboxRelayRelaysAbsent",
-            }
+            _judge(rendered, targets[1:], {"OutboxRelayHealthAbsent": 1}, tmp_path)
+            _judge(
+                rendered,
+                [],
+                {"OutboxRelayHealthAbsent": 1, "OutboxRelayRelaysAbsent": 1},
+                tmp_path,
+            )
 
             # The relays read no database-wide state: PostgreSQL's own statement counts
             # show none of the whole-table or whole-server reads under the relays' role,
@@ -468,6 +374,14 @@ async def _within(pod: Pod) -> bool:
         return False
     families = ("outbox", "scoring_jobs", "completion_outbox", "relay")
     return all(_classification(document, f) == "within_bounds" for f in families)
+
+
+async def _measured(pod: Pod, check: str) -> bool:
+    try:
+        checks = (await _health(pod))["checks"].get(check)
+    except (OSError, ValueError):
+        return False
+    return bool(checks) and checks[0].get("observedValue") is not None
 
 
 async def _pending_seen(pod: Pod, pending: int) -> bool:

@@ -1,5 +1,6 @@
 """The build is reproducible: requirements.lock pins the whole dependency set with hashes,
-requirements-runtime.lock is its runtime part at the same versions, and `make venv` in a
+requirements-runtime.lock is its runtime part (with the otlp extra) at the same versions,
+neither names a machine's wheel folder, and `make venv` in a
 clean copy of the repository installs exactly the lock: `pip freeze` says so, and a venv
 that drifted from it (a package removed or changed by hand) is told apart."""
 
@@ -58,11 +59,17 @@ def test_every_pin_has_hashes_and_the_runtime_lock_is_the_same_versions() -> Non
     whole, runtime = pins(LOCK.read_text()), pins(RUNTIME_LOCK.read_text())
     assert runtime.items() <= whole.items()
     declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    for requirement in declared["dependencies"]:
+    # The image's part: the dependencies and the otlp extra (run exports its spans).
+    for requirement in declared["dependencies"] + declared["optional-dependencies"]["otlp"]:
         assert canonical(re.split(r"[<>=!~;\[ ]", requirement)[0]) in runtime, requirement
-    for extra in ("test", "lint", "bench"):
+    for extra in ("test", "lint", "bench", "otel"):
         for requirement in declared["optional-dependencies"][extra]:
             assert canonical(re.split(r"[<>=!~;\[ ]", requirement)[0]) in whole, requirement
+
+
+def test_the_locks_name_no_wheel_folder_of_the_machine_that_made_them() -> None:
+    for lock in (LOCK, RUNTIME_LOCK):
+        assert "--find-links" not in lock.read_text(), lock
 
 
 def test_drift_names_each_difference() -> None:

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -29,8 +30,8 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 
-from tests.deploy.conftest import MIGRATE_JOB, one
-from tests.deploy.test_contract import Cluster, Pod, _roles
+from tests.deploy.conftest import EXAMPLE, MIGRATE_JOB, one
+from tests.deploy.pods import Cluster, Pod, make_roles
 from tests.support.http import get
 from tests.support.release import (
     code_at,
@@ -177,9 +178,13 @@ async def test_a_rollout_waits_for_its_migration_job(
     cluster = Cluster(
         rendered,
         image,
+        database_env=EXAMPLE / "database.env",
         server_url=empty_database_url,
-        bootstrap=kafka_bootstrap,
-        topic_template=f"{topic_namespace}.{{aggregatetype}}",
+        settings={
+            "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+            "OUTBOX_RELAY_TOPIC_TEMPLATE": f"{topic_namespace}.{{aggregatetype}}",
+            "OUTBOX_RELAY_ALLOWED_TOPICS": rf"{re.escape(topic_namespace)}\..*",
+        },
         suffix=f"_{uuid.uuid4().hex[:8]}",
         workdir=tmp_path,
     )
@@ -190,7 +195,7 @@ async def test_a_rollout_waits_for_its_migration_job(
     assert relay_strategy == (3, 0, 1)
     assert sidecar_strategy == (1, 1, 0)
     admin = await asyncpg.connect(empty_database_url)
-    roles = await _roles(admin, cluster, database)
+    roles = await make_roles(admin, cluster, database)
     everything: list[PodProcess] = []
     try:
         async with _stopped_at_end(everything):

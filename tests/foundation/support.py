@@ -32,6 +32,8 @@ SHIPPED = (
     "0008_outbox_tracestate.sql",
     "0009_outbox_door.sql",
     "0010_outbox_held_topic_index.sql",
+    "0011_outbox_writer_routes.sql",
+    "0012_scoring_functions.sql",
 )
 
 # Environment the CLI reads; a test states every input it wants the process to see.

@@ -8,6 +8,7 @@ from urllib.parse import quote, urlsplit
 import asyncpg
 import pytest
 
+from migrations.grants import SCORING_FUNCTIONS_OWNER
 from tests.foundation.support import (
     MIGRATIONS_DIR,
     SHIPPED,
@@ -89,11 +90,31 @@ async def test_migrate_without_ownership_of_scoring_job_state_fails_in_one_line_
             assert await admin.fetchval("SELECT to_regclass('outbox')") is None
             assert "applying" not in refused.stdout
 
-            # A member of the owning role has the privilege; then it goes through.
+            # A member of the owning role has the privilege; then it goes through, up to the
+            # scoring functions, whose NOLOGIN owner a superuser lets it hand them to.
             await admin.execute(f'GRANT "{scoring_owner}" TO "{migrator}"')
+            stopped = await run_cli("migrate", "--database-url", url)
+            assert stopped.code == 1, stopped.output
+            line = assert_one_clean_error_line(stopped, password)
+            assert "0012_scoring_functions.sql" in line, line
+            assert f"GRANT {SCORING_FUNCTIONS_OWNER} TO {migrator}" in line, line
+            assert await admin.fetchval("SELECT count(*) FROM outbox_relay_migration") == 8
+
+            # The one-time step docs/operations.md gives a superuser, and migrate completes.
+            if not await admin.fetchval(
+                "SELECT count(*) FROM pg_roles WHERE rolname = $1", SCORING_FUNCTIONS_OWNER
+            ):
+                await admin.execute(f"CREATE ROLE {SCORING_FUNCTIONS_OWNER} NOLOGIN")
+            await admin.execute(f'GRANT {SCORING_FUNCTIONS_OWNER} TO "{migrator}"')
+            await admin.execute(f"GRANT CREATE ON SCHEMA public TO {SCORING_FUNCTIONS_OWNER}")
             applied = await run_cli("migrate", "--database-url", url)
             assert applied.code == 0, applied.output
-            assert f"applied {len(SHIPPED)} migration(s)" in applied.stdout
+            assert "applied 1 migration(s)" in applied.stdout
+            owners = await admin.fetch(
+                "SELECT DISTINCT pg_get_userbyid(proowner) AS owner FROM pg_proc"
+                " WHERE proname LIKE 'outbox_relay_%' AND prosecdef"
+            )
+            assert [r["owner"] for r in owners] == [SCORING_FUNCTIONS_OWNER]
         finally:
             await admin.close()
 

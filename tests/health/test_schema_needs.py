@@ -22,6 +22,6 @@ async def test_the_sidecars_level_is_the_newest_migration_its_statements_read(
         await conn.close()
     # Each family's probe and the completion check's statements.
     assert len(prepared) >= 6, sorted(statements)
-    assert level == schema.MIGRATION, (
-        f"the sidecar's probes read migration {level:04d}: set health/schema.py MIGRATION"
+    assert level == schema.STATEMENTS_READ, (
+        f"the sidecar's probes read migration {level:04d}: set health/schema.py STATEMENTS_READ"
     )

@@ -13,15 +13,7 @@ import pytest
 from contracts.envelope import JobCompleted, JobFailed, JsonValue
 from scoring.errors import ConflictingCompletion, ConflictingFailure
 from scoring.event_id import OutcomeKind, terminal_event_id
-from scoring.events import (
-    AGGREGATE_TYPE,
-    COMPLETED_EVENT_TYPE,
-    FAILED_EVENT_TYPE,
-    PreparedEvent,
-    prepare_completion_event,
-    prepare_failure_event,
-)
-from scoring.sql import INSERT_EVENT_SQL
+from scoring.events import COMPLETED_EVENT_TYPE, FAILED_EVENT_TYPE
 from scoring.worker import ClaimedJob, claim_next_due, enqueue_job
 from scoring.writer import (
     Completion,
@@ -174,37 +166,50 @@ class Outcome:
             return JobCompleted(scoring_job_ref=job_ref, result_ref=self.ref, result=data)
         return JobFailed(scoring_job_ref=job_ref, cause_code=self.ref, detail=data)
 
-    def prepare(
-        self, details: EventDetails, data: JsonValue, job_ref: str = "job-1"
-    ) -> PreparedEvent:
-        """The event this outcome would enqueue, prepared but not written."""
-        if self.kind is OutcomeKind.COMPLETED:
-            return prepare_completion_event(
-                job_ref=job_ref, result_ref=self.ref, payload=data, event=details
+    async def event_row(
+        self,
+        conn: asyncpg.Connection,
+        *,
+        fencing_token: int,
+        event: EventDetails,
+        data: JsonValue = None,
+        job_ref: str = "job-1",
+    ) -> dict[str, Any]:
+        """The outbox row this outcome would write now: written in a transaction that is
+        rolled back, so nothing of it stays."""
+        tr = conn.transaction()
+        await tr.start()
+        try:
+            await self.apply(
+                conn, fencing_token=fencing_token, event=event, data=data, job_ref=job_ref
             )
-        return prepare_failure_event(
-            job_ref=job_ref, cause_code=self.ref, detail=data, event=details
-        )
+            [row] = await events(conn, job_ref)
+        finally:
+            await tr.rollback()
+        return row
 
 
-async def insert_event_row(
-    conn: asyncpg.Connection, prepared: PreparedEvent, occurred: int
-) -> None:
+_EVENT_COLUMNS = (
+    "id",
+    "aggregatetype",
+    "aggregateid",
+    "type",
+    "payload",
+    "tenant_ref",
+    "schema_version",
+    "correlation_ref",
+    "causation_ref",
+    "traceparent",
+    "tracestate",
+)
+
+
+async def insert_event_row(conn: asyncpg.Connection, row: dict[str, Any]) -> None:
     """Write an event row directly, as an earlier partial (non-atomic) writer would have."""
-    env = prepared.envelope
     await conn.execute(
-        INSERT_EVENT_SQL,
-        prepared.event_id,
-        AGGREGATE_TYPE,
-        prepared.job_ref,
-        env.event_type,
-        prepared.body(occurred),
-        env.tenant_ref,
-        env.schema_version,
-        env.correlation_ref,
-        env.causation_ref,
-        prepared.traceparent,
-        prepared.tracestate,
+        f"INSERT INTO outbox ({', '.join(_EVENT_COLUMNS)})"
+        " VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11)",
+        *(row[column] for column in _EVENT_COLUMNS),
     )
 
 

@@ -128,7 +128,10 @@ async def test_a_late_outbox_conflict_rolls_the_outcome_back(
     db: asyncpg.Connection, details: EventDetails, outcome: Outcome, claimed: ClaimedJob
 ) -> None:
     # Another writer already put different content under the id this outcome derives.
-    await insert_event_row(db, outcome.prepare(details, {"score": 0.99}), 1)
+    other_content = await outcome.event_row(
+        db, fencing_token=claimed.fencing_token, event=details, data={"score": 0.99}
+    )
+    await insert_event_row(db, other_content)
     before = await job(db)
 
     with pytest.raises(ConflictingReplay):
@@ -211,7 +214,10 @@ async def test_a_job_row_settled_without_its_outbox_row_reconciles_as_duplicate_
 async def test_an_outbox_row_with_the_job_still_leased_reconciles_as_applied_duplicate(
     db: asyncpg.Connection, details: EventDetails, outcome: Outcome, claimed: ClaimedJob
 ) -> None:
-    await insert_event_row(db, outcome.prepare(details, RESULT), 1)
+    same = await outcome.event_row(
+        db, fencing_token=claimed.fencing_token, event=details, data=RESULT
+    )
+    await insert_event_row(db, same)
     written = await outcome.apply(
         db, fencing_token=claimed.fencing_token, data=RESULT, event=details
     )
@@ -248,9 +254,15 @@ async def test_same_result_ref_with_a_different_payload_is_a_conflicting_replay(
 
 
 async def test_a_late_conflict_in_the_callers_transaction_can_only_roll_back(
-    db: asyncpg.Connection, details: EventDetails, complete_claimed: CompleteClaimed
+    db: asyncpg.Connection,
+    details: EventDetails,
+    claimed: ClaimedJob,
+    complete_claimed: CompleteClaimed,
 ) -> None:
-    await insert_event_row(db, COMPLETION.prepare(details, {"score": 0.99}), 1)
+    other_content = await COMPLETION.event_row(
+        db, fencing_token=claimed.fencing_token, event=details, data={"score": 0.99}
+    )
+    await insert_event_row(db, other_content)
     tr = db.transaction()
     await tr.start()
     await enqueue_job(db, job_ref="job-side-effect", request_ref="req-x", max_attempts=1)
@@ -271,10 +283,13 @@ async def test_a_late_conflict_in_the_callers_transaction_can_only_roll_back(
 
 
 async def test_a_receipt_with_the_job_still_leased_reconciles_as_completed_duplicate(
-    db: asyncpg.Connection, details: EventDetails, complete_claimed: CompleteClaimed
+    db: asyncpg.Connection,
+    details: EventDetails,
+    claimed: ClaimedJob,
+    complete_claimed: CompleteClaimed,
 ) -> None:
-    prepared = COMPLETION.prepare(details, None)
-    await insert_event_row(db, prepared, 1)
+    same = await COMPLETION.event_row(db, fencing_token=claimed.fencing_token, event=details)
+    await insert_event_row(db, same)
     await publish(db, terminal_event_id("job-1", OutcomeKind.COMPLETED, "r-1"))
     outcome = await complete_claimed()
     assert (outcome.completion, outcome.enqueue) == (Completion.COMPLETED, Enqueue.DUPLICATE)

@@ -21,7 +21,10 @@ TOPIC = 2
 PREFIXED = 4
 WRITE = 4
 DESCRIBE = 8
+DESCRIBE_CONFIGS = 10
 ALLOW = 3
+# Strimzi's names of the operations (KafkaUser spec.authorization.acls[].operations).
+OPERATION_CODES = {"Write": WRITE, "Describe": DESCRIBE, "DescribeConfigs": DESCRIBE_CONFIGS}
 
 # What docs/security.md says the relay's principal needs on its topics (Kafka >= 3.0).
 RELAY_TOPIC_OPERATIONS = (WRITE, DESCRIBE)
@@ -82,13 +85,14 @@ async def topics_with_acls(
     topics: list[str],
     principal: str,
     operations: tuple[int, ...] = RELAY_TOPIC_OPERATIONS,
+    partitions: int = 3,
 ) -> AsyncIterator[None]:
     """Create ``topics`` and allow ``principal`` only ``operations`` on ``prefix``."""
     admin = AIOKafkaAdminClient(bootstrap_servers=plaintext_bootstrap)
     await admin.start()
     try:
         await admin.create_topics(
-            [NewTopic(t, num_partitions=3, replication_factor=1) for t in topics]
+            [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics]
         )
         for operation in operations:
             response = await admin._send_request(

@@ -5,7 +5,22 @@ Notation as in docs/security.md: whole-table privileges, then column-level ones.
 
 from __future__ import annotations
 
+from migrations.grants import FUNCTIONS
 from tests.security.roles import NONE
+
+# The scoring functions a worker calls (migration 0012); every other function is called by
+# no role (trigger functions fire without EXECUTE; the helpers run as the functions' owner).
+SCORING_CALLS = (
+    "function outbox_relay_complete_job(text, bigint, text, text, text, text, text, jsonb, "
+    "text, text, text, text, uuid, bigint)",
+    "function outbox_relay_fail_job_permanently(text, bigint, text, text, text, text, text, "
+    "jsonb, text, text, text, text, uuid, bigint)",
+    "function outbox_relay_fail_retryable(text, bigint, text, bigint, text, text, text, text, "
+    "jsonb, text, text, text, text, uuid, bigint)",
+    "function outbox_relay_expire_leases(bigint, text, text, text, text, text, text, text, "
+    "text, bigint, text[])",
+)
+_CALLS_THEM = dict.fromkeys(SCORING_CALLS, "EXECUTE")
 
 _NOTHING = {
     "outbox": NONE,
@@ -14,21 +29,27 @@ _NOTHING = {
     "relay_instance": NONE,
     "scoring_job_state": NONE,
     "outbox_relay_migration": NONE,
+    "outbox_relay_writer_route": NONE,
     "sequence outbox_seq_seq": NONE,
-    "function outbox_relay_notify()": NONE,
-    "function outbox_relay_guard_insert()": NONE,
-    "function outbox_relay_measure()": NONE,
+    **{f"function {function}": NONE for function in FUNCTIONS},
+    # SECURITY DEFINER, for every role that inserts (from PUBLIC): the door reads its
+    # routes through it (migration 0011)
+    "function outbox_relay_writer_routes(name)": "EXECUTE",
     "schema public": "USAGE",
 }
 
 WRITER = {
     **_NOTHING,
+    **_CALLS_THEM,
     "outbox": "SELECT, INSERT",
     "outbox_receipt": "SELECT",
     "scoring_job_state": "SELECT, UPDATE(active_fencing_token, active_lease_expires_at_unix_ms, "
     "active_lease_ref, active_worker_ref, attempt_count, completed_fencing_token, "
     "last_failure_code, next_attempt_at_unix_ms, result_ref, scoring_state, updated_at)",
 }
+
+# A scoring worker in any language: the four functions, nothing else.
+SCORING_WORKER = {**_NOTHING, **_CALLS_THEM}
 
 # Column-level INSERT of the contract's writer columns (DESIGN §3.1), and nothing else.
 EVENT_WRITER = {
@@ -65,6 +86,7 @@ RELAY_AND_SIDECAR = {**RELAY, "scoring_job_state": "SELECT"}
 
 BY_PART = {
     "writer": WRITER,
+    "scoring-worker": SCORING_WORKER,
     "event-writer": EVENT_WRITER,
     "relay": RELAY,
     "sidecar": SIDECAR,

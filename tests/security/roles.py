@@ -9,7 +9,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import asyncpg
 
-from migrations.grants import apply_plan, plan_grants, read_facts
+from migrations.grants import WriterRoutes, apply_plan, plan_grants, read_facts
 
 NONE = "—"
 _COLUMN_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "REFERENCES")
@@ -50,11 +50,12 @@ async def drop_role(admin: asyncpg.Connection, name: str) -> None:
     await admin.execute(f'DROP ROLE IF EXISTS "{name}"')
 
 
-async def grant(url: str, role: str, *parts: str) -> None:
-    """``outbox-relay grant --to role --as part…`` through the same functions the verb calls."""
+async def grant(url: str, role: str, *parts: str, routes: WriterRoutes | None = None) -> None:
+    """``outbox-relay grant --to role --as part…`` through the same functions the verb calls
+    (an event writer with ``routes``; without, every route, as ``--any-route`` gives)."""
     conn = await asyncpg.connect(url)
     try:
-        await apply_plan(conn, plan_grants(role, parts, await read_facts(conn, role)))
+        await apply_plan(conn, plan_grants(role, parts, await read_facts(conn, role), routes))
     finally:
         await conn.close()
 
@@ -75,7 +76,7 @@ _COLUMNS = """
 SELECT attname FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped
 """
 _FUNCTIONS = """
-SELECT p.oid, p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')'
+SELECT p.oid, p.proname || '(' || oidvectortypes(p.proargtypes) || ')'
 FROM pg_proc p
 WHERE p.pronamespace = 'public'::regnamespace
   AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.objid = p.oid AND d.deptype = 'e')

@@ -374,8 +374,21 @@ async def test_cli_grants_the_part(
     db: asyncpg.Connection, database_url: str, make_role: MakeRole
 ) -> None:
     role = await make_role("evw")
-    done = run_cli(
+    # Where the role may route is said, one way or another.
+    unsaid = run_cli(
         "grant", "--database-url", database_url, "--to", role.name, "--as", "event-writer"
+    )
+    assert unsaid.returncode == 2, unsaid.stderr
+    assert unsaid.stderr.strip().count("\n") == 0 and "--any-route" in unsaid.stderr
+    done = run_cli(
+        "grant",
+        "--database-url",
+        database_url,
+        "--to",
+        role.name,
+        "--as",
+        "event-writer",
+        "--any-route",
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == (

@@ -36,7 +36,7 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
-from migrations.grants import PARTS, SchemaFacts, plan_grants, render_script
+from migrations.grants import PARTS, SchemaFacts, WriterRoutes, plan_grants, render_script
 from migrations.runner import apply, load_migrations
 from pgconnect import ARRAY_TYPES, connect, create_pool, pool_options
 from tests.security.conftest import MakeRole
@@ -80,9 +80,6 @@ UTILITY: dict[str, str] = {
         "CREATE TABLE IF NOT EXISTS: its one call, clock_timestamp() in a default, takes no "
         "argument, and no signature is more exact than no arguments"
     ),
-    "scoring.sql.ABORT_CALLER_TRANSACTION_SQL": (
-        "a DO block whose RAISE takes literals only (adjacent string literals are one)"
-    ),
 }
 
 # Literals that read as SQL but that no database runs.
@@ -116,8 +113,12 @@ def built_statements() -> dict[str, str]:
         schema_creators=(),
     )
     script = render_script(plan_grants("app_role", PARTS, facts))
+    routed = render_script(
+        plan_grants("app_role", PARTS, facts, WriterRoutes(("order",), ("orders.",)))
+    )
     return {
         "migrations.grants.render_script": script,
+        "migrations.grants.render_script (an event writer's routes)": routed,
         "migrations.runner._run_without_transaction": (
             "DROP INDEX CONCURRENTLY IF EXISTS public.outbox_pending_key_seq_idx"
         ),
@@ -347,8 +348,6 @@ async def test_utility_statements_run_under_the_shadows(
             await conn.execute(constants["migrations.runner._CREATE_RECORD"])
             bound = await conn.fetch(BOUND_TO, list(planted.labels))
             assert bound == []
-            with pytest.raises(asyncpg.RaiseError, match="conflicting outbox replay"):
-                await conn.execute(constants["scoring.sql.ABORT_CALLER_TRANSACTION_SQL"])
             await conn.execute(
                 constants["health.families.completion_tracker.GENERIC_PLAN_TRANSACTION"]
             )
@@ -381,7 +380,7 @@ _REVIEW_CAUGHT = {
     "relay.sql.FETCH_READY": "relay",
     "relay.sql.RECORD_FAILED": "relay",
     "health.families.relay.RELAY_PROBE": "sidecar",
-    "scoring.sql.LOCK_JOB_SQL": "writer",
+    "scoring.sql.CLAIM_NEXT_DUE_SQL": "writer",
 }
 _PLANTED_NAMES = re.compile(r"\b(hashtextextended|planted_divide|planted_multiply)\b")
 

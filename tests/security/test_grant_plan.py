@@ -9,7 +9,10 @@ import pytest
 
 from contracts.errors import ConfigError
 from migrations.grants import (
+    EXECUTE,
+    FUNCTIONS,
     PARTS,
+    SCORING_FUNCTIONS_OWNER,
     TABLES,
     Access,
     SchemaFacts,
@@ -26,16 +29,7 @@ from migrations.grants import (
 from tests.security import matrix
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "security.md"
-EVERY_OBJECT = frozenset(
-    {
-        *TABLES,
-        "outbox_seq_seq",
-        "outbox_relay_notify()",
-        "outbox_relay_guard_insert()",
-        "outbox_relay_measure()",
-    }
-    | {"schema public"}
-)
+EVERY_OBJECT = frozenset({*TABLES, "outbox_seq_seq", *FUNCTIONS} | {"schema public"})
 
 
 def facts(**overrides: object) -> SchemaFacts:
@@ -73,7 +67,10 @@ def test_parts_come_back_in_model_order_without_repeats(
     ("given", "message"),
     [
         ([], "--as is required"),
-        (["scorer"], "--as must be writer, event-writer, relay or sidecar, got 'scorer'"),
+        (
+            ["scorer"],
+            "--as must be writer, scoring-worker, event-writer, relay or sidecar, got 'scorer'",
+        ),
         (["relay", "Relay"], "got 'Relay'"),
     ],
 )
@@ -152,6 +149,46 @@ def test_objects_of_another_owner_become_that_owners_step() -> None:
     assert all("scoring_job_state" in s for s in step.statements)
     assert not any("scoring_job_state" in s for s in plan.statements)
     assert render_pending(plan)[0] == f"{step.reason}:"
+
+
+@pytest.mark.parametrize("part", ["scoring-worker", "writer"])
+def test_the_scoring_functions_are_executed_by_the_scoring_worker_and_the_writer_only(
+    part: str,
+) -> None:
+    calls = sorted(EXECUTE)
+    assert [c.split("(")[0] for c in calls] == [
+        "outbox_relay_complete_job",
+        "outbox_relay_expire_leases",
+        "outbox_relay_fail_job_permanently",
+        "outbox_relay_fail_retryable",
+    ]
+    granted = [
+        s.removeprefix("GRANT EXECUTE ON FUNCTION public.").removesuffix(' TO "app"')
+        for s in plan_grants("app", (part,), facts()).statements
+        if s.startswith("GRANT EXECUTE")
+    ]
+    assert sorted(granted) == calls
+    for other in ("event-writer", "relay", "sidecar"):
+        statements = plan_grants("app", (other,), facts()).statements
+        assert not any(s.startswith("GRANT EXECUTE") for s in statements), other
+    # Every function, the helpers included, is taken from PUBLIC.
+    revoked = [s for s in plan_grants("app", (part,), facts()).statements if "FROM PUBLIC" in s]
+    assert len(revoked) == len(FUNCTIONS)
+
+
+def test_the_scoring_functions_owner_is_no_grant_target() -> None:
+    # Its privileges come from migration 0012; a plan for it would revoke its own EXECUTE.
+    with pytest.raises(ConfigError, match=SCORING_FUNCTIONS_OWNER):
+        plan_grants(SCORING_FUNCTIONS_OWNER, ("writer",), facts())
+
+
+def test_the_scoring_worker_gets_nothing_on_any_table() -> None:
+    plan = plan_grants("app", ("scoring-worker",), facts())
+    table_grants = [s for s in plan.statements if s.startswith("GRANT") and " TABLE " in s]
+    assert table_grants == []
+    assert {s for s in plan.statements if s.startswith("REVOKE ALL ON TABLE")} == {
+        f'REVOKE ALL ON TABLE public.{table} FROM "app"' for table in TABLES
+    }
 
 
 def test_schema_usage_is_granted_only_when_missing() -> None:

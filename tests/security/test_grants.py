@@ -12,6 +12,7 @@ import pytest
 
 from migrations.grants import (
     FUNCTIONS,
+    PUBLIC_FUNCTIONS,
     SEQUENCES,
     TABLES,
     apply_plan,
@@ -27,7 +28,7 @@ from tests.security.process import run_cli
 from tests.security.roles import create_login_role, drop_role, grant, privilege_matrix
 
 
-@pytest.mark.parametrize("part", ["writer", "event-writer", "relay", "sidecar"])
+@pytest.mark.parametrize("part", ["writer", "scoring-worker", "event-writer", "relay", "sidecar"])
 async def test_each_part_holds_exactly_its_matrix(
     db: asyncpg.Connection, database_url: str, make_role: MakeRole, part: str
 ) -> None:
@@ -81,7 +82,7 @@ async def test_every_object_of_the_migrated_schema_has_a_place_in_the_model(
     role = await make_role("probe")
     objects = set(await privilege_matrix(db, role.name)) - {"schema public"}
     modelled = {*TABLES, *(f"sequence {s}" for s in SEQUENCES)}
-    modelled |= {f"function {f}" for f in FUNCTIONS}
+    modelled |= {f"function {f}" for f in (*FUNCTIONS, *PUBLIC_FUNCTIONS)}
     assert objects == modelled
 
 
@@ -181,7 +182,7 @@ async def test_cli_grant_applies_and_says_what_is_left(
         (["--to", "no_such_role_x", "--as", "writer"], "role 'no_such_role_x' does not exist"),
         (
             ["--to", "postgres", "--as", "scorer"],
-            "--as must be writer, event-writer, relay or sidecar",
+            "--as must be writer, scoring-worker, event-writer, relay or sidecar",
         ),
         (["--to", "postgres"], "--as is required"),
         (["--as", "relay"], "--to is required"),

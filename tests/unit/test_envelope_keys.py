@@ -7,7 +7,7 @@ import pytest
 
 from contracts.envelope import EnvelopeError, canonical_json
 from scoring.errors import InvalidEnvelope
-from scoring.events import EventDetails, prepare_completion_event
+from scoring.events import json_text
 
 
 @pytest.mark.parametrize(
@@ -29,17 +29,12 @@ def test_a_lone_surrogate_in_a_key_is_an_envelope_error(value: object) -> None:
 
 
 def test_the_writer_refuses_such_a_payload_with_its_own_error() -> None:
+    # Before anything is sent: PostgreSQL's text cannot hold it.
     with pytest.raises(InvalidEnvelope) as caught:
-        prepare_completion_event(
-            job_ref="job-1",
-            result_ref="r-1",
-            payload={"score": {"\ud800": 1}},
-            event=EventDetails(
-                source="urn:test", tenant_ref="t-1", correlation_ref="c-1", schema_version="1"
-            ),
-        )
-    assert caught.value.field is not None
-    assert caught.value.field.startswith("payload")
+        json_text("payload.result", {"score": {"\ud800": 1}}, job_ref="job-1")
+    assert caught.value.field == "payload.result.score"
+    assert "lone surrogate" in str(caught.value)
+    str(caught.value).encode("utf-8")
 
 
 def test_a_surrogate_pair_as_a_key_is_fine() -> None:

@@ -1,7 +1,7 @@
 """Log lines: an exception by its type and where it was raised (its whole traceback, still
 without any message, at debug level); the Kafka client's warnings and errors without its
 reconnect noise, never its debug lines; asyncio's reports without the reprs that carry an
-exception's text."""
+exception's text; the current span's trace and span ids on a line logged inside it."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 
 import aiokafka
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
 
 import relay.retry
 from contracts.unexpected import (
@@ -241,3 +242,30 @@ def test_the_json_formatter_alone_still_keeps_exception_text_out() -> None:
     record.exc_info = (type(exc), exc, exc.__traceback__)
     line = json.loads(JsonFormatter().format(record))
     assert line["exc_type"] == "ValueError" and SECRET not in json.dumps(line)
+
+
+# -- trace context -----------------------------------------------------------------------------
+def test_a_line_logged_in_a_span_carries_its_trace_and_span_ids(captured: io.StringIO) -> None:
+    configured(captured, "info")
+    tracer = TracerProvider().get_tracer("test")
+    log = logging.getLogger("outbox_relay.test")
+    log.info("before")
+    with tracer.start_as_current_span("send") as span:
+        log.info("inside", extra={"events": 1})
+        context = span.get_span_context()
+    log.info("after")
+    before, inside, after = lines_of(captured)
+    assert "trace_id" not in before and "span_id" not in before
+    assert inside["trace_id"] == f"{context.trace_id:032x}"
+    assert inside["span_id"] == f"{context.span_id:016x}"
+    assert len(inside["trace_id"]) == 32 and len(inside["span_id"]) == 16
+    assert inside["events"] == 1
+    assert "trace_id" not in after
+
+
+def test_a_text_line_in_a_span_names_the_ids_too(captured: io.StringIO) -> None:
+    configured(captured, "info", fmt="text")
+    with TracerProvider().get_tracer("test").start_as_current_span("send") as span:
+        logging.getLogger("outbox_relay.test").info("inside")
+    trace_id = f"{span.get_span_context().trace_id:032x}"
+    assert f"trace_id={trace_id}" in captured.getvalue()

@@ -1,4 +1,5 @@
-"""The relay's batch histogram against Prometheus' own bucket rule, value by value."""
+"""The relay's batch histogram against Prometheus' own bucket rule, value by value, and the
+failure counters, exported for every named class from the start."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import random
 
 from prometheus_client import CollectorRegistry
 
-from relay.metrics import BatchHistogram
+from relay import retry
+from relay.metrics import BatchHistogram, RelayMetrics
 
 BOUNDS = (0.002, 0.005, 0.01, 0.5, 1.0)
 
@@ -46,3 +48,25 @@ def test_an_empty_batch_changes_nothing() -> None:
     histogram = BatchHistogram("h", "test", BOUNDS, CollectorRegistry())
     histogram.observe_many([])
     assert _exposed(histogram) == ([0.0] * (len(BOUNDS) + 1), 0.0)
+
+
+def test_every_named_failure_class_is_exported_at_zero_from_the_start() -> None:
+    # A labelled counter made at its first use starts at that value, where Prometheus'
+    # increase() sees nothing: OutboxRelayPermanentFailures would miss a class's first
+    # failures (docs/monitoring/alerts.test.yaml shows both cases).
+    registry = CollectorRegistry()
+    RelayMetrics.register(registry, backlog=False)
+    exported = {
+        (sample.name, sample.labels.get("error_class")): sample.value
+        for family in registry.collect()
+        for sample in family.samples
+        if sample.name.endswith("_events_total")
+    }
+    for failure in retry.NAMED_CLASSES:
+        counter = "retried" if failure.retriable else "failed"
+        assert exported[(f"outbox_relay_{counter}_events_total", failure.name)] == 0.0
+
+
+def test_every_failure_class_the_relay_counts_is_named() -> None:
+    declared = {v for v in vars(retry).values() if isinstance(v, retry.FailureClass)}
+    assert declared - set(retry.NAMED_CLASSES) == {retry.LANE_LOST}  # never counted
