@@ -18,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from migrations.grants import SCORING_FUNCTIONS_OWNER
 from tests.deploy.conftest import one
 from tests.support.ports import free_port
 
@@ -163,6 +164,13 @@ async def make_roles(admin: asyncpg.Connection, cluster: Cluster, database: str)
     # The one grant the Job prints for a superuser (docs/security.md): the sidecar sees
     # other roles' open transactions.
     await admin.execute(f'GRANT pg_read_all_stats TO "{cluster.roles["sidecar-url"]}"')
+    # The one-time step a superuser takes before migration 0012 (docs/operations.md): the
+    # Job's role may hand the scoring functions to their NOLOGIN owner.
+    await admin.execute(
+        f"DO $$ BEGIN CREATE ROLE {SCORING_FUNCTIONS_OWNER} NOLOGIN; "
+        "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+    )
+    await admin.execute(f'GRANT {SCORING_FUNCTIONS_OWNER} TO "{owner}"')
     return made
 
 

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 
-from tests.deploy.conftest import EXAMPLE, MIGRATE_JOB, one
+from tests.deploy.conftest import EXAMPLE, REPO, one, render
 from tests.deploy.pods import Cluster, Pod, make_roles
 from tests.support.http import get
 from tests.support.release import (
@@ -57,6 +57,12 @@ FROM generate_series(1, $1) AS n
 def previous_tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     with worktree(previous_release().commit, tmp_path_factory.mktemp("previous") / "tree") as tree:
         yield tree
+
+
+@pytest.fixture(scope="module")
+def previous_rendered(kustomize: str, previous_tree: Path) -> list[dict[str, Any]]:
+    """The previous release's own manifests: its pods and its Job were applied from them."""
+    return render(kustomize, previous_tree / EXAMPLE.relative_to(REPO))
 
 
 @dataclass
@@ -98,9 +104,14 @@ async def _start(pod: Pod, code: Code, release: str, logs: Path) -> PodProcess:
     return PodProcess(pod, release, process)
 
 
+def _job_name(rendered: list[dict[str, Any]]) -> str:
+    (name,) = (o["metadata"]["name"] for o in rendered if o["kind"] == "Job")
+    return str(name)
+
+
 async def _job(cluster: Cluster, code: Code) -> None:
     """The rendered Job's steps, in order, each to success."""
-    for step in cluster.pods("Job", MIGRATE_JOB):
+    for step in cluster.pods("Job", _job_name(cluster.rendered)):
         process = await asyncio.create_subprocess_exec(
             *_argv(step, code),
             cwd=code.cwd,
@@ -167,6 +178,7 @@ async def _stopped_at_end(pods: list[PodProcess]) -> AsyncIterator[None]:
 @pytest.mark.timeout(300)
 async def test_a_rollout_waits_for_its_migration_job(
     rendered: list[dict[str, Any]],
+    previous_rendered: list[dict[str, Any]],
     image: dict[str, Any],
     previous_tree: Path,
     empty_database_url: str,
@@ -175,19 +187,33 @@ async def test_a_rollout_waits_for_its_migration_job(
     tmp_path: Path,
 ) -> None:
     database = urlsplit(empty_database_url).path.lstrip("/")
+    settings = {
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "OUTBOX_RELAY_TOPIC_TEMPLATE": f"{topic_namespace}.{{aggregatetype}}",
+        "OUTBOX_RELAY_ALLOWED_TOPICS": rf"{re.escape(topic_namespace)}\..*",
+    }
+    suffix = f"_{uuid.uuid4().hex[:8]}"
     cluster = Cluster(
         rendered,
         image,
         database_env=EXAMPLE / "database.env",
         server_url=empty_database_url,
-        settings={
-            "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
-            "OUTBOX_RELAY_TOPIC_TEMPLATE": f"{topic_namespace}.{{aggregatetype}}",
-            "OUTBOX_RELAY_ALLOWED_TOPICS": rf"{re.escape(topic_namespace)}\..*",
-        },
-        suffix=f"_{uuid.uuid4().hex[:8]}",
+        settings=settings,
+        suffix=suffix,
         workdir=tmp_path,
     )
+    # The same roles and database, as the previous release's manifests name them.
+    (tmp_path / "previous").mkdir()
+    old_cluster = Cluster(
+        previous_rendered,
+        image,
+        database_env=previous_tree / EXAMPLE.relative_to(REPO) / "database.env",
+        server_url=empty_database_url,
+        settings=settings,
+        suffix=suffix,
+        workdir=tmp_path / "previous",
+    )
+    assert old_cluster.roles == cluster.roles
     previous = code_at(previous_tree, "previous release")
     new = next_release(migrations_of(previous_tree), tmp_path)
     relay_strategy = _strategy(rendered, "outbox-relay")
@@ -200,9 +226,9 @@ async def test_a_rollout_waits_for_its_migration_job(
     try:
         async with _stopped_at_end(everything):
             # The previous release, deployed: its Job, then its pods.
-            await _job(cluster, previous)
-            (sidecar_pod,) = cluster.pods("Deployment", "outbox-relay-sidecar")
-            relay_pods = cluster.pods("Deployment", "outbox-relay", replicas=3)
+            await _job(old_cluster, previous)
+            (sidecar_pod,) = old_cluster.pods("Deployment", "outbox-relay-sidecar")
+            relay_pods = old_cluster.pods("Deployment", "outbox-relay", replicas=3)
             old = [await _start(p, previous, "old", tmp_path) for p in [sidecar_pod, *relay_pods]]
             everything += old
             await wait_until(lambda: _all_ready(old), what="the previous release ready", timeout=60)
