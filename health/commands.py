@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import asyncpg
@@ -13,19 +14,19 @@ from health import schema
 from health.evaluate import evaluate, unknown_report
 from health.probing import CONNECT_ERRORS, connect_failure
 from health.render import STATUS_WIDTH, encode_json, health_document, status_table
-from pgconnect import connection_options
+from pgconnect import DB_ERRORS, connection_options, learn_types
 
 _log = logging.getLogger(__name__)
 
 # Grantees of CREATE on the outbox's schema besides its owner, counted (0 is PUBLIC).
 _SCHEMA_CREATORS = """
 SELECT n.nspname,
-       bool_or(a.grantee = 0) AS public,
-       count(*) FILTER (WHERE a.grantee <> 0) AS roles
+       bool_or(a.grantee = 0::oid) AS public,
+       count(*) FILTER (WHERE a.grantee <> 0::oid) AS roles
 FROM pg_catalog.pg_class c
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-CROSS JOIN LATERAL aclexplode(coalesce(n.nspacl, acldefault('n', n.nspowner))) a
-WHERE c.oid = to_regclass('outbox') AND a.privilege_type = 'CREATE'
+CROSS JOIN LATERAL aclexplode(coalesce(n.nspacl, acldefault('n'::"char", n.nspowner))) a
+WHERE c.oid = to_regclass('outbox')::oid AND a.privilege_type = 'CREATE'
   AND a.grantee <> n.nspowner
 GROUP BY n.nspname
 """
@@ -62,6 +63,8 @@ async def evaluate_once(
     except CONNECT_ERRORS as exc:
         return unknown_report(policy, connect_failure(exc))
     try:
+        with contextlib.suppress(*DB_ERRORS):  # the evaluation finds the database as it is
+            await learn_types(conn)
         report = await evaluate(
             conn, policy, receipt_retention_ms=receipt_retention_ms, schema=schema.NEEDS
         )

@@ -3,6 +3,11 @@
 Each probe statement reads the database clock once (``statement_timestamp()``, so a probe
 run inside a caller's long transaction is still current) and compares every stored time
 with it. Times are unix milliseconds, rounded (not truncated) as the scoring service does.
+
+Every call in a probe has pg_catalog's exact argument types (``1000::numeric``,
+``$1::bigint::double precision * interval …``, ``pg_catalog.count(DISTINCT …)``), so that no
+function or operator another role puts on the search path can take it
+(tests/security/test_exact_calls.py).
 """
 
 from __future__ import annotations
@@ -28,13 +33,13 @@ def unix_ms(timestamp: str) -> str:
     # greatest and least ignore NULL, so NULL (no such time) is kept by the CASE
     return (
         f"CASE WHEN {timestamp} IS NOT NULL THEN round(greatest(-{_MS_LIMIT},"
-        f" least({_MS_LIMIT}, extract(epoch FROM {timestamp}) * 1000)))::bigint END"
+        f" least({_MS_LIMIT}, extract(epoch FROM {timestamp}) * 1000::numeric)))::bigint END"
     )
 
 
 def unix_us(timestamp: str) -> str:
     """SQL: a ``timestamptz`` expression as unix microseconds (its exact precision)."""
-    return f"(extract(epoch FROM {timestamp}) * 1000000)::bigint"
+    return f"(extract(epoch FROM {timestamp}) * 1000000::numeric)::bigint"
 
 
 # `clock` is evaluated once per statement; every comparison in a probe reads it.

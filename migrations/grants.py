@@ -219,9 +219,7 @@ FUNCTIONS: Final[tuple[str, ...]] = (
 # role's routes through this one (migration 0011, SECURITY DEFINER), so that a writer of
 # the previous release keeps inserting before `grant` runs again; it answers no more than
 # an INSERT would.
-PUBLIC_FUNCTIONS: Final[tuple[str, ...]] = (
-    "outbox_relay_writer_routes(name)",
-)
+PUBLIC_FUNCTIONS: Final[tuple[str, ...]] = ("outbox_relay_writer_routes(name)",)
 
 STATS_ROLE: Final = "pg_read_all_stats"
 # Why a part wants pg_read_all_stats; without it, other roles' sessions show no transaction
@@ -514,10 +512,16 @@ def _text_array(values: tuple[str, ...]) -> str:
 
 def schema_creators_warning(facts: SchemaFacts) -> str | None:
     """One line when PUBLIC or a role besides the schema's owner may create objects in it."""
-    if not facts.schema_creators:
+    return creators_warning(facts.schema, facts.schema_creators)
+
+
+def creators_warning(schema: str, creators: tuple[str, ...]) -> str | None:
+    """One line when ``creators`` (PUBLIC first, then roles) may create objects in ``schema``
+    besides its owner: what that allows and the REVOKE that ends it."""
+    if not creators:
         return None
-    public = [c for c in facts.schema_creators if c == "PUBLIC"]
-    roles = [c for c in facts.schema_creators if c != "PUBLIC"]
+    public = [c for c in creators if c == "PUBLIC"]
+    roles = [c for c in creators if c != "PUBLIC"]
     who = []
     if public:
         who.append("PUBLIC")
@@ -527,10 +531,10 @@ def schema_creators_warning(facts: SchemaFacts) -> str | None:
         [*public, *(quote_role(r) if r.isprintable() else shown(r) for r in roles)]
     )
     return (
-        f"{' and '.join(who)} may create objects in schema {shown(facts.schema)} besides its "
+        f"{' and '.join(who)} may create objects in schema {shown(schema)} besides its "
         "owner: a function or operator put there can run inside the transactions of every "
         "role that uses the schema; take it away with "
-        f"REVOKE CREATE ON SCHEMA {quote_schema(facts.schema)} FROM {grantees}"
+        f"REVOKE CREATE ON SCHEMA {quote_schema(schema)} FROM {grantees}"
     )
 
 
@@ -558,19 +562,22 @@ def render_pending(plan: GrantPlan) -> list[str]:
 
 
 # -- the database --------------------------------------------------------------------------------
+# Every call below has pg_catalog's exact argument types (casts on constants): grant runs as
+# the schema owner, with whatever search_path its session has (tests/security/
+# test_exact_calls.py).
 # The schema is wherever `outbox` resolves on this session's search_path (migrate created
 # every object there).
 _SCHEMA_OF_OUTBOX = """
 SELECT n.oid, n.nspname, current_database() FROM pg_catalog.pg_class c
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-WHERE c.oid = to_regclass('outbox')
+WHERE c.oid = to_regclass('outbox')::oid
 """
 
 # ALTER ROLE … SET: a superuser may for anyone; a role for itself; CREATEROLE for a role
 # that is no superuser, from PostgreSQL 16 only with ADMIN on it.
 _ROLE_FACTS = """
 SELECT has_schema_privilege(r.oid, $2::oid, 'USAGE'),
-       pg_has_role(r.oid, 'pg_read_all_stats', 'MEMBER'),
+       pg_has_role(r.oid, 'pg_read_all_stats'::name, 'MEMBER'),
        coalesce((SELECT s.setconfig FROM pg_catalog.pg_db_role_setting s
                  JOIN pg_catalog.pg_database d ON d.oid = s.setdatabase
                  WHERE s.setrole = r.oid AND d.datname = current_database()), '{}'),
@@ -595,12 +602,12 @@ SELECT c.relname::text AS name, pg_get_userbyid(c.relowner) AS owner,
 FROM pg_catalog.pg_class c
 WHERE c.relnamespace = $1 AND c.relkind IN ('r', 'p', 'S')
 UNION ALL
-SELECT p.proname || '(' || pg_catalog.oidvectortypes(p.proargtypes) || ')',
+SELECT p.proname::text || '(' || pg_catalog.oidvectortypes(p.proargtypes) || ')',
        pg_get_userbyid(p.proowner), pg_has_role(current_user, p.proowner, 'USAGE')
 FROM pg_catalog.pg_proc p
 WHERE p.pronamespace = $1
 UNION ALL
-SELECT 'schema ' || n.nspname, pg_get_userbyid(n.nspowner),
+SELECT 'schema ' || n.nspname::text, pg_get_userbyid(n.nspowner),
        pg_has_role(current_user, n.nspowner, 'USAGE')
 FROM pg_catalog.pg_namespace n WHERE n.oid = $1
 """
@@ -608,11 +615,11 @@ FROM pg_catalog.pg_namespace n WHERE n.oid = $1
 # Grantees of CREATE on the schema other than its owner (0 is PUBLIC). Superusers and
 # members of the owner create there too; they are the owner's to choose.
 _SCHEMA_CREATORS = """
-SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE pg_get_userbyid(a.grantee) END
+SELECT CASE WHEN a.grantee = 0::oid THEN 'PUBLIC' ELSE pg_get_userbyid(a.grantee) END
 FROM pg_catalog.pg_namespace n,
-     aclexplode(coalesce(n.nspacl, acldefault('n', n.nspowner))) a
+     aclexplode(coalesce(n.nspacl, acldefault('n'::"char", n.nspowner))) a
 WHERE n.oid = $1 AND a.privilege_type = 'CREATE' AND a.grantee <> n.nspowner
-ORDER BY a.grantee <> 0, 1
+ORDER BY a.grantee <> 0::oid, 1
 """
 
 
@@ -645,6 +652,18 @@ async def read_facts(conn: asyncpg.Connection, role: str) -> SchemaFacts:
         may_alter_role=bool(role_row[3]),
         schema_creators=tuple(r[0] for r in await conn.fetch(_SCHEMA_CREATORS, namespace)),
     )
+
+
+async def read_schema_creators(conn: asyncpg.Connection) -> tuple[str, tuple[str, ...]] | None:
+    """The relay's schema (where ``outbox`` resolves on this session's path) and who besides
+    its owner may create objects in it, PUBLIC first; None while there is no outbox. Any
+    role that can reach the outbox may read it: it reads the catalog only."""
+    found = await conn.fetchrow(_SCHEMA_OF_OUTBOX)
+    if found is None:
+        return None
+    namespace, schema, _ = found
+    creators = tuple(row[0] for row in await conn.fetch(_SCHEMA_CREATORS, namespace))
+    return schema, creators
 
 
 def _owned_by(role: str, schema: str, owners: Mapping[str, str]) -> list[str]:

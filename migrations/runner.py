@@ -30,6 +30,9 @@ _CONCURRENT_INDEX = re.compile(
 MIGRATION_LOCK_KEY = 0x6F7574626F786D67
 _LOCK_POLL_SECONDS = 0.2
 
+# The statements below call pg_catalog's exact signatures (casts on constants and parameters,
+# pg_catalog.format, pg_catalog.unnest): migrate runs as the schema owner, with whatever
+# search_path its session has (tests/security/test_exact_calls.py).
 _CREATE_RECORD = """
 CREATE TABLE IF NOT EXISTS outbox_relay_migration (
     version    integer     NOT NULL PRIMARY KEY,
@@ -41,25 +44,25 @@ CREATE TABLE IF NOT EXISTS outbox_relay_migration (
 _READ_RECORD = "SELECT version, name, checksum FROM outbox_relay_migration ORDER BY version"
 _RECORD_EXISTS = "SELECT to_regclass('outbox_relay_migration') IS NOT NULL"
 _INSERT_RECORD = "INSERT INTO outbox_relay_migration (version, name, checksum) VALUES ($1, $2, $3)"
-_TRY_LOCK = "SELECT pg_try_advisory_lock($1)"
-_UNLOCK = "SELECT pg_advisory_unlock($1)"
+_TRY_LOCK = "SELECT pg_try_advisory_lock($1::bigint)"
+_UNLOCK = "SELECT pg_advisory_unlock($1::bigint)"
 # Leftovers of this migration's own builds only: an index of that name on the very table
 # the unqualified CREATE INDEX resolves to (so in the schema it migrates), never a
 # namesake elsewhere on the search path. format() quotes the name for the DROP.
 _INVALID_OWN_INDEXES = """
-SELECT format('%I.%I', n.nspname, c.relname) AS qualified
+SELECT pg_catalog.format('%I.%I', n.nspname, c.relname) AS qualified
 FROM unnest($1::text[], $2::text[]) AS own (index_name, table_name)
 JOIN pg_class c ON c.relname = own.index_name
 JOIN pg_index i ON i.indexrelid = c.oid
 JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE NOT i.indisvalid AND i.indrelid = to_regclass(own.table_name)
+WHERE NOT i.indisvalid AND i.indrelid = to_regclass(own.table_name)::oid
 """
 # Building an index needs ownership of its table (or membership in the owning role). A
 # table that does not exist yet will be created by an earlier migration, as ours.
 _TABLES_NOT_OWNED = """
 SELECT c.relname AS table_name, pg_get_userbyid(c.relowner) AS owner
-FROM unnest($1::text[]) AS own (table_name)
-JOIN pg_class c ON c.oid = to_regclass(own.table_name)
+FROM pg_catalog.unnest($1::text[]) AS own (table_name)
+JOIN pg_class c ON c.oid = to_regclass(own.table_name)::oid
 WHERE NOT pg_has_role(c.relowner, 'USAGE')
 ORDER BY c.relname
 """

@@ -92,13 +92,13 @@ SELECT key,
        (SELECT count(*) FROM outbox
         WHERE aggregatetype = $1 AND aggregateid = key AND quarantined_at IS NULL),
        (SELECT count(*) FROM outbox_receipt WHERE aggregatetype = $1 AND aggregateid = key)
-FROM unnest($2::text[]) AS key
+FROM pg_catalog.unnest($2::text[]) AS key
 """
 
 # Where each event landed, in the order the demo wrote them.
 _LANDED = """
 SELECT written.ord, receipt.kafka_partition, receipt.kafka_offset
-FROM unnest($1::uuid[]) WITH ORDINALITY AS written(id, ord)
+FROM pg_catalog.unnest($1::uuid[]) WITH ORDINALITY AS written(id, ord)
 LEFT JOIN outbox_receipt AS receipt ON receipt.id = written.id
 ORDER BY written.ord
 """

@@ -512,6 +512,14 @@ REQUIRE_VERIFIED_TRANSPORT = Switch(
     help="refuse to start when PostgreSQL is reached over TCP without sslmode verify-ca or "
     "verify-full, or Kafka without TLS (a Unix socket and loopback addresses excepted)",
 )
+REFUSE_OPEN_SCHEMA = Switch(
+    flag="--refuse-open-schema",
+    env="OUTBOX_RELAY_REFUSE_OPEN_SCHEMA",
+    verbs=frozenset({RUN}),
+    default_text="warn only",
+    help="refuse to start (exit 2) while a role besides the schema's owner, PUBLIC included, "
+    "may create objects in the relay's schema",
+)
 NO_RELAY = Switch(flag="--no-relay", verbs=frozenset({RUN}), help="run the health sidecar alone")
 RELAY_ONLY = Switch(
     flag="--relay-only",
@@ -638,6 +646,7 @@ OPTIONS: tuple[Option, ...] = (
     COMPLETION_RECHECK_PERIOD,
     RUNBOOK_URL,
     REQUIRE_VERIFIED_TRANSPORT,
+    REFUSE_OPEN_SCHEMA,
     NO_RELAY,
     RELAY_ONLY,
     EVENT_ID,
@@ -907,6 +916,7 @@ def _service(args: argparse.Namespace, environ: Environ) -> ServiceSettings:
         ),
         runbook_url=RUNBOOK_URL.required(args, environ),
         relay_only=relay_only,
+        refuse_open_schema=args.verb == RUN and REFUSE_OPEN_SCHEMA.value(args, environ),
         tracing=tracing_export(environ),
     )
 

@@ -25,6 +25,7 @@ from prometheus_client import (
 from contracts import __version__
 from health.sidecar import HealthSidecar
 from outbox_relay.demo import DemoSystem, run_demo_workload
+from outbox_relay.open_schema import check_schema_creators
 from outbox_relay.settings import ServiceSettings
 from outbox_relay.transport import PATHS, POSTGRES
 from relay.engine import Relay
@@ -58,11 +59,26 @@ async def run_service(settings: ServiceSettings) -> int:
         runbook_url=settings.runbook_url,
         published=partial(_count, relay.metrics.published) if relay is not None else None,
     )
+    # Read once at start; the relay claims no lane before (outbox_relay/open_schema.py).
+    schema_checked = anyio.Event()
     async with sidecar, anyio.create_task_group() as tasks:
         tasks.start_soon(_watch_signals, stop, tasks.cancel_scope, relay is not None)
+        tasks.start_soon(
+            partial(
+                check_schema_creators,
+                settings.database_url,
+                refuse=settings.refuse_open_schema,
+                transaction_pooler=settings.transaction_pooler,
+                retry_max_s=settings.sidecar.database_retry_max_ms / 1000,
+                checked=schema_checked,
+            ),
+            name="schema-creators",
+        )
         tasks.start_soon(sidecar.run, name="health")
         if relay is not None:
-            tasks.start_soon(_relay_then_stop, relay, stop, tasks.cancel_scope, name="relay")
+            tasks.start_soon(
+                _relay_then_stop, relay, stop, tasks.cancel_scope, schema_checked, name="relay"
+            )
         if settings.demo is not None and config is not None:
             # The demo stages its stories against this process's own relay and sidecar.
             tasks.start_soon(
@@ -136,9 +152,25 @@ def _as_gauge(check: Callable[[], bool]) -> float:
     return 1.0 if check() else 0.0
 
 
-async def _relay_then_stop(relay: Relay, stop: anyio.Event, scope: anyio.CancelScope) -> None:
-    await relay.run(stop)
+async def _relay_then_stop(
+    relay: Relay, stop: anyio.Event, scope: anyio.CancelScope, schema_checked: anyio.Event
+) -> None:
+    await _first_of(schema_checked, stop)
+    if not stop.is_set():
+        await relay.run(stop)
     scope.cancel()
+
+
+async def _first_of(*events: anyio.Event) -> None:
+    """Return once any of ``events`` is set."""
+    async with anyio.create_task_group() as waiting:
+
+        async def wait(event: anyio.Event) -> None:
+            await event.wait()
+            waiting.cancel_scope.cancel()
+
+        for event in events:
+            waiting.start_soon(wait, event)
 
 
 async def _watch_signals(stop: anyio.Event, scope: anyio.CancelScope, draining: bool) -> None:

@@ -131,6 +131,9 @@ class ServiceSettings:
     """The network paths used without verifying the other end (outbox_relay/transport.py)."""
     relay_only: bool = False
     """``run --relay-only``: the relay evaluates no family and reads no database-wide state."""
+    refuse_open_schema: bool = False
+    """``run --refuse-open-schema``: exit 2, instead of warning, while a role besides the
+    schema's owner may create objects in it (outbox_relay/open_schema.py)."""
     tracing: TracingExport | None = None
     """Where the process exports its spans, when the ``OTEL_*`` variables ask for it."""
 

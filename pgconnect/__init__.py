@@ -138,19 +138,53 @@ def connection_options(
     }
 
 
+# The driver learns a type it has no codec for (an array above all) with a query of its own,
+# on the connection that needs it and through that session's search_path; that query's calls
+# are not exact pg_catalog signatures (typbasetype != 0 compares oid with integer), so a
+# function or operator another role puts on the path would run in it, as our role. Every
+# connection of ours therefore learns the array types its statements use first, in a
+# transaction that sees pg_catalog alone, and keeps their codecs for its life
+# (tests/security/test_exact_calls.py holds the list to the statements).
+ARRAY_TYPES = ("bool", "int2", "int4", "int8", "name", "text", "uuid")
+_LEARN_TYPES = "SELECT " + ", ".join(f"NULL::pg_catalog.{name}[]" for name in ARRAY_TYPES)
+_CATALOG_ONLY = "SET LOCAL search_path = pg_catalog, pg_temp"
+
+
+async def learn_types(conn: asyncpg.Connection) -> None:
+    """Have the driver learn :data:`ARRAY_TYPES` on ``conn`` with only pg_catalog on the
+    path; behind a transaction pooler too (the setting ends with the transaction)."""
+    async with conn.transaction():
+        await conn.execute(_CATALOG_ONLY)
+        await conn.prepare(_LEARN_TYPES)
+
+
+async def _connect_learning_types(*args: Any, **kwargs: Any) -> asyncpg.Connection:
+    """A pool's new connection, having learnt the types first (the pool's ``init`` stays its
+    caller's)."""
+    conn: asyncpg.Connection = await asyncpg.connect(*args, **kwargs)
+    try:
+        await learn_types(conn)
+    except BaseException:
+        conn.terminate()
+        raise
+    return conn
+
+
 def pool_options(
     server_settings: Mapping[str, str], *, transaction_pooler: bool, session_state: bool = True
 ) -> dict[str, Any]:
-    """:func:`connection_options` for a pool, whose connections are released without a
-    session reset behind a transaction pooler (asyncpg's default runs UNLISTEN,
-    pg_advisory_unlock_all and RESET ALL, which would land on a server connection another
-    client's transaction may use next) or when its users keep no ``session_state``.
+    """:func:`connection_options` for a pool, whose new connections :func:`learn_types`
+    first, and are released without a session reset behind a transaction pooler
+    (asyncpg's default runs UNLISTEN, pg_advisory_unlock_all and RESET ALL, which would land
+    on a server connection another client's transaction may use next) or when its users
+    keep no ``session_state``.
 
     The reset is one more round trip on every release. A pool whose users never SET,
     LISTEN or take a session lock has nothing to reset; an open transaction is still
     rolled back on release (asyncpg does that before the reset hook).
     """
     options = connection_options(server_settings, transaction_pooler=transaction_pooler)
+    options["connect"] = _connect_learning_types
     if transaction_pooler or not session_state:
         options["reset"] = _no_session_to_reset
     return options
@@ -167,9 +201,16 @@ _DRIVER_REFUSED = (
 
 
 async def connect(url: str | None, *, timeout: float = 10.0, **kwargs: Any) -> asyncpg.Connection:
-    """Open one connection; failures become :class:`DatabaseUnavailable` with a safe message."""
+    """Open one connection (having it :func:`learn_types`); failures become
+    :class:`DatabaseUnavailable` with a safe message."""
     try:
-        return await asyncpg.connect(url, timeout=timeout, **kwargs)
+        conn: asyncpg.Connection = await asyncpg.connect(url, timeout=timeout, **kwargs)
+        try:
+            await learn_types(conn)
+        except BaseException:
+            conn.terminate()
+            raise
+        return conn
     except asyncpg.ClientConfigurationError as exc:  # a setting the driver refuses
         raise ConfigError(_DRIVER_REFUSED) from exc
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:

@@ -129,7 +129,7 @@ WHERE NOT coalesce(CASE n.kind
     WHEN 'column' THEN pg_catalog.has_column_privilege(
         found.r,
         (SELECT a.attnum FROM pg_catalog.pg_attribute a
-         WHERE a.attrelid = found.r AND a.attname = n.column_name AND NOT a.attisdropped),
+         WHERE a.attrelid = found.r::oid AND a.attname = n.column_name AND NOT a.attisdropped),
         n.privilege)
 END, false)
 ORDER BY n.i

@@ -35,7 +35,7 @@ _SELECTED = """
 PREVIEW = f"""
 SELECT coalesce(last_error_class, '') AS cause,
        count(*) AS events,
-       count(DISTINCT aggregateid) AS keys
+       pg_catalog.count(DISTINCT aggregateid) AS keys
 FROM outbox
 WHERE {_SELECTED}
 GROUP BY 1

@@ -263,7 +263,7 @@ WITH {_HELD_LANES}, moved AS (
     -- $4 lists the seqs partition batch by partition batch; batch g covers the
     -- positions $8[g]..$9[g] and starts at offset $7[g] in partition $6[g] of $5[g].
     SELECT s.seq, g.topic, g.kafka_partition, g.base_offset + (s.position - g.first) AS kafka_offset
-    FROM unnest($4::bigint[]) WITH ORDINALITY AS s(seq, position)
+    FROM pg_catalog.unnest($4::bigint[]) WITH ORDINALITY AS s(seq, position)
     JOIN unnest($5::text[], $6::int[], $7::bigint[], $8::int[], $9::int[])
         AS g(topic, kafka_partition, base_offset, first, last)
       ON s.position BETWEEN g.first AND g.last
@@ -304,7 +304,7 @@ WITH {_HELD_LANES}, failed AS (
 UPDATE outbox o
 SET attempts = o.attempts + CASE WHEN f.retriable THEN 0 ELSE 1 END,
     last_error_class = f.error_class,
-    next_attempt_at = clock_timestamp() + make_interval(secs => f.delay_ms / 1000.0),
+    next_attempt_at = clock_timestamp() + f.delay_ms::double precision * interval '1 millisecond',
     quarantined_at = CASE
         WHEN f.final OR (NOT f.retriable AND o.attempts + 1 >= $8) THEN clock_timestamp()
     END,
@@ -399,18 +399,18 @@ SET heartbeat_at = clock_timestamp(), topic_template = EXCLUDED.topic_template
 
 LIVE_INSTANCES = """
 SELECT count(*) FROM relay_instance
-WHERE heartbeat_at > clock_timestamp() - make_interval(secs => $1 / 1000.0)
+WHERE heartbeat_at > clock_timestamp() - $1::bigint::double precision * interval '1 millisecond'
 """
 
 FORGET_DEAD_INSTANCES = """
 DELETE FROM relay_instance
-WHERE heartbeat_at < clock_timestamp() - make_interval(secs => $1 / 1000.0)
+WHERE heartbeat_at < clock_timestamp() - $1::bigint::double precision * interval '1 millisecond'
 """
 
 # Extend the leases this instance still holds.
 RENEW_LANES = """
 UPDATE relay_lane
-SET lease_expires_at = clock_timestamp() + make_interval(secs => $2 / 1000.0)
+SET lease_expires_at = clock_timestamp() + $2::bigint::double precision * interval '1 millisecond'
 WHERE owner_id = $1 AND lease_expires_at > clock_timestamp()
 RETURNING lane, fence
 """
@@ -420,7 +420,7 @@ CLAIM_LANES = """
 UPDATE relay_lane l
 SET owner_id = $1,
     fence = l.fence + 1,
-    lease_expires_at = clock_timestamp() + make_interval(secs => $2 / 1000.0)
+    lease_expires_at = clock_timestamp() + $2::bigint::double precision * interval '1 millisecond'
 WHERE l.lane IN (
     SELECT lane FROM relay_lane
     WHERE owner_id IS NULL OR lease_expires_at <= clock_timestamp()
@@ -456,7 +456,7 @@ OLDEST_OUTBOX_WRITER = """
 SELECT a.pid, extract(epoch FROM clock_timestamp() - a.xact_start)
 FROM pg_locks l
 JOIN pg_stat_activity a ON a.pid = l.pid
-WHERE l.locktype = 'relation' AND l.relation = 'outbox'::regclass
+WHERE l.locktype = 'relation' AND l.relation = 'outbox'::regclass::oid
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND l.mode = 'RowExclusiveLock' AND a.pid <> pg_backend_pid()
   AND a.xact_start IS NOT NULL
@@ -468,7 +468,7 @@ PRUNE_RECEIPTS = """
 DELETE FROM outbox_receipt
 WHERE id IN (
     SELECT id FROM outbox_receipt
-    WHERE published_at < clock_timestamp() - make_interval(secs => $1 / 1000.0)
+    WHERE published_at < clock_timestamp() - $1::bigint::double precision * interval '1 millisecond'
     ORDER BY published_at
     LIMIT $2
 )

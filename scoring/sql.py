@@ -9,7 +9,7 @@ from typing import Final
 
 
 def _unix_ms(timestamp: str) -> str:
-    return f"floor(extract(epoch FROM {timestamp}) * 1000)::bigint"
+    return f"floor(extract(epoch FROM {timestamp}) * 1000::numeric)::bigint"
 
 
 # The database clock in unix ms is always clock_timestamp(), never now(): a caller's

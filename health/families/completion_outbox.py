@@ -65,8 +65,8 @@ CROSS JOIN LATERAL (
            {unix_ms("min(job.updated_at)")}
                AS oldest_missing_updated_at_unix_ms
     FROM scoring_job_state AS job
-    WHERE job.updated_at >= clock.now - $2::bigint * interval '1 millisecond'
-      AND job.updated_at < clock.now - $1::bigint * interval '1 millisecond'
+    WHERE job.updated_at >= clock.now - $2::bigint::double precision * interval '1 millisecond'
+      AND job.updated_at < clock.now - $1::bigint::double precision * interval '1 millisecond'
       AND {TERMINAL_JOB_WITHOUT_EVENT}
 ) AS missing
 {NEWEST_TERMINAL}"""

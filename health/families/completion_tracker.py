@@ -171,7 +171,7 @@ CROSS JOIN (
 # event. The probes are scalar subqueries, which PostgreSQL never turns into hash or merge
 # joins (NOT EXISTS becomes an anti-join, or a hashed subplan, that a plan built for one
 # state would keep for another).
-_EPOCH = "timestamptz 'epoch' + {}::bigint * interval '1 microsecond'"
+_EPOCH = "timestamptz 'epoch' + {}::bigint::double precision * interval '1 microsecond'"
 
 # A terminal job without a receipt: missing, or covered only provisionally by a pending
 # event, which the select list then asks for (only for such a job: a published one, the

@@ -41,7 +41,8 @@ FROM clock
 CROSS JOIN LATERAL (
     SELECT count(*) AS instance_count,
            count(*) FILTER (
-               WHERE heartbeat_at >= clock.now - $1::bigint * interval '1 millisecond'
+               WHERE heartbeat_at
+                     >= clock.now - $1::bigint::double precision * interval '1 millisecond'
            ) AS live_instance_count,
            {unix_ms("max(heartbeat_at)")}
                AS newest_heartbeat_at_unix_ms,
@@ -113,7 +114,7 @@ CROSS JOIN LATERAL (
       )
 ) AS ready
 CROSS JOIN LATERAL (
-    SELECT count(DISTINCT activity.pid) AS blocking_transaction_count,
+    SELECT pg_catalog.count(DISTINCT activity.pid) AS blocking_transaction_count,
            -- clock.now is this statement's start: a transaction that began after it but
            -- before pg_stat_activity was read is no older than now, not "in the future"
            {unix_ms("CASE WHEN min(activity.xact_start) > clock.now THEN clock.now ELSE min(activity.xact_start) END")}
@@ -122,7 +123,7 @@ CROSS JOIN LATERAL (
     JOIN pg_catalog.pg_stat_activity AS activity ON activity.pid = lock.pid
     WHERE lock.locktype = 'relation'
       AND lock.granted
-      AND lock.relation = 'outbox'::regclass
+      AND lock.relation = 'outbox'::regclass::oid
       AND lock.database = (SELECT oid FROM pg_catalog.pg_database
                            WHERE datname = current_database())
       AND activity.pid <> pg_backend_pid()
