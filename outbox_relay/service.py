@@ -7,6 +7,7 @@ the drain timeout), records them, hands the lanes back and exits 0.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 from collections.abc import Callable
@@ -97,6 +98,8 @@ async def run_service(settings: ServiceSettings) -> int:
                 "relay_only": settings.relay_only,
                 "listen": f"{host}:{port}",
                 "instance_id": config.instance_id if config else None,
+                # uvloop's, or the standard library's (outbox_relay/runtime.py)
+                "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
             },
         )
     log.info("stopped")
