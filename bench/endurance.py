@@ -591,6 +591,7 @@ async def endurance(
 ) -> int:
     """One run, its figures written to ``out``; 0 when every event arrived once in order."""
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    commit = current_commit()  # the code measured is what this process started with
     load_before = os.getloadavg()
     async with fresh_database(server_url) as url:
         conn = await asyncpg.connect(url)
@@ -613,7 +614,7 @@ async def endurance(
                 await measure.delete_topics(bootstrap, [run.topic])
     header = {
         "kind": "run",
-        "commit": current_commit(),
+        "commit": commit,
         "measured_at": started_at,
         "plan": asdict(run.plan),
         "burst_starts_s": run.plan.burst_starts(),

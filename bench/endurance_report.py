@@ -1,8 +1,9 @@
-"""docs/bench/endurance.md and its plot, from an endurance run's figures (bench/endurance.py).
+"""docs/bench/endurance.md's run and its plot, from an endurance run's figures (bench/endurance.py).
 
-The document is written whole from the figures file, so it always shows one run: its
-verdict (bench/endurance_verdict.py), the audit, the bursts, every minute's figures, the
-statements that cost most each minute, and the outbox's indexes at the end.
+The document's run block (between its two marker lines) is written whole from the figures
+file, so it always shows one run: its verdict (bench/endurance_verdict.py), the audit, the
+bursts, every minute's figures, the statements that cost most each minute, and the
+outbox's indexes at the end. The rest of the document is the method, written by hand.
 
     python -m bench.endurance_report [docs/bench/endurance.jsonl] [--doc PATH] [--plot PNG]
 
@@ -27,6 +28,11 @@ DOCUMENT = ROOT / "docs" / "bench" / "endurance.md"
 PLOT = ROOT / "docs" / "bench" / "endurance.png"
 PRUNE_INTERVAL_S = 10  # the relay's prune interval (relay/config.py, its default)
 MB = 2**20
+BLOCK_BEGIN = (
+    "<!-- the run: written by `python -m bench.endurance_report` from"
+    " docs/bench/endurance.jsonl; edits here are overwritten -->"
+)
+BLOCK_END = "<!-- end of the run -->"
 
 
 def load(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -113,7 +119,7 @@ def statements_row(m: Mapping[str, Any], top: int = 4) -> str:
 
 
 def markdown(run: Mapping[str, Any], minutes: Sequence[Mapping[str, Any]]) -> str:
-    """The whole document."""
+    """The run block, its marker lines included."""
     plan = run["plan"]
     machine = run.get("machine", {})
     audit = run.get("audit", {})
@@ -124,25 +130,7 @@ def markdown(run: Mapping[str, Any], minutes: Sequence[Mapping[str, Any]]) -> st
     load_end = (machine.get("load_average_at_end") or [None])[0]
     settings = machine.get("settings", {})
     lines = [
-        "# Endurance",
-        "",
-        "<!-- written by `python -m bench.endurance_report` from docs/bench/endurance.jsonl;"
-        " edits here are overwritten -->",
-        "",
-        "`make bench-endurance` (bench/endurance.py): the relay as deployed (`run --relay-only`"
-        " beside one `run --no-relay` sidecar) under a steady rate of single-event transactions"
-        " (1 KiB events on 1,000 keys, four writer connections), with a short"
-        " `--receipt-retention-ms` so receipts are pruned throughout, and every ten minutes the"
-        " relay process stopped (SIGTERM) for a minute while the writers write on, then started"
-        " again to catch up. Latency is commit → broker append (LogAppendTime) of the events"
-        " committed in each minute; CPU per event is over the events published in the minute;"
-        " PostgreSQL's CPU is this database's backends and autovacuum workers (by whom they"
-        " serve), the cluster's shared processes apart. At the end every event is read back"
-        " from the topic: each key's events once, in commit order. The verdict"
-        " (bench/endurance_verdict.py) judges steady minutes only: a burst's minutes and its"
-        " catch-up are left out. Absolute figures are the machine's: it has"
-        f" {machine.get('cores', '?')} cores, **shared with other people's work while this"
-        " ran**.",
+        BLOCK_BEGIN,
         "",
         f"**Verdict: {verdict.line}**",
         "",
@@ -158,7 +146,9 @@ def markdown(run: Mapping[str, Any], minutes: Sequence[Mapping[str, Any]]) -> st
         f" PostgreSQL {machine.get('postgresql', '?')}"
         f" {'over TLS' if machine.get('postgresql_tls') else 'without TLS'},"
         f" autovacuum_naptime {settings.get('autovacuum_naptime', '?')} s; load average"
-        f" {_n(load_start, '.2f')} at the start, {_n(load_end, '.2f')} at the end.",
+        f" {_n(load_start, '.2f')} at the start, {_n(load_end, '.2f')} at the end"
+        f" ({machine.get('cores', '?')} cores, **shared with other people's work while this"
+        " ran**: the absolute figures are the machine's).",
         "",
         f"Audit: {audit.get('committed', 0):,} events committed, {audit.get('records', 0):,}"
         f" records on the topic, {audit.get('duplicates', 0):,} duplicates,"
@@ -168,7 +158,7 @@ def markdown(run: Mapping[str, Any], minutes: Sequence[Mapping[str, Any]]) -> st
         "",
         "![latency, rate, CPU per event, sizes and dead tuples per minute](endurance.png)",
         "",
-        "## Bursts",
+        "### Bursts",
         "",
         "| relay stopped, s | started again, s | waiting then | caught up, s | catch-up, s"
         " | catch-up, events/s |",
@@ -182,7 +172,7 @@ def markdown(run: Mapping[str, Any], minutes: Sequence[Mapping[str, Any]]) -> st
         )
     lines += [
         "",
-        "## Per minute",
+        "### Per minute",
         "",
         "Events/s committed and published; latency p50 / p99 / max and the writers' insert"
         " p50 / p99 in ms; CPU in µs per event published: the relay's process, the sidecar's,"
@@ -200,7 +190,7 @@ def markdown(run: Mapping[str, Any], minutes: Sequence[Mapping[str, Any]]) -> st
     lines += [minute_row(m, m["minute"] in steady) for m in minutes]
     lines += [
         "",
-        "## Statements by execution time",
+        "### Statements by execution time",
         "",
         "pg_stat_statements of this database, each minute's four most expensive statements"
         " (total execution time, calls, shared blocks per call).",
@@ -213,7 +203,7 @@ def markdown(run: Mapping[str, Any], minutes: Sequence[Mapping[str, Any]]) -> st
     if index_tuples:
         lines += [
             "",
-            "## The outbox's indexes at the end",
+            "### The outbox's indexes at the end",
             "",
             "pgstattuple after the last event was published: every row deleted, dead index"
             " entries not yet removed by vacuum.",
@@ -226,7 +216,17 @@ def markdown(run: Mapping[str, Any], minutes: Sequence[Mapping[str, Any]]) -> st
             f" | {i['free_percent']:.0f} |"
             for i in index_tuples
         ]
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", BLOCK_END])
+
+
+def with_run(text: str, block: str) -> str:
+    """The document with its run block replaced by ``block``."""
+    lines = text.splitlines()
+    if BLOCK_BEGIN not in lines or BLOCK_END not in lines:
+        raise ValueError("no run block (its two marker lines) in the document")
+    begin = lines.index(BLOCK_BEGIN)
+    end = lines.index(BLOCK_END, begin)
+    return "\n".join([*lines[:begin], block, *lines[end + 1 :]]) + "\n"
 
 
 def plot(run: Mapping[str, Any], minutes: Sequence[Mapping[str, Any]], path: Path) -> None:
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, default=PLOT)
     args = parser.parse_args(argv)
     run, minutes = load(args.figures)
-    args.doc.write_text(markdown(run, minutes))
+    args.doc.write_text(with_run(args.doc.read_text(), markdown(run, minutes)))
     plot(run, minutes, args.plot)
     verdict = verdict_of(run, minutes)
     print(f"verdict: {verdict.line}\ndocument: {args.doc}\nplot: {args.plot}")
