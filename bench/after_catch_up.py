@@ -23,7 +23,8 @@ few rows written for it inside a rolled-back transaction: with the look-back of 
 ``earlier`` subquery (``$5`` the fetch's start) and without (``$5`` 0), each planned as
 the relay's session plans it (its planner settings), custom and generic. ``--profile``
 records the relay process with py-spy over the window (py-spy must be on PATH) and splits
-its samples by step: wake-up, fetch, send, bookkeeping, the event loop, the rest.
+its samples by step: wake-up, fetch, send, bookkeeping, socket reads and TLS, the event
+loop's own frames, the rest.
 
     python -m bench.after_catch_up [--conditions fresh,after,after-vacuum,after-no-sidecar]
         [--runs 1] [--events 200000] [--rate 1000] [--seconds 20] [--profile] [--json FILE]
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -70,19 +72,27 @@ WARMUP_EVENTS = 20
 FETCH_MAX_BYTES = 8 * 2**20  # the relay's default --fetch-max-bytes
 PLANNED_ROWS = 5
 
-# The steps of one event in the relay, by the frames of a py-spy sample (innermost match
-# first in each list is irrelevant: a sample counts for the first step whose pattern is
-# anywhere in its stack, in this order).
+# The steps of one event in the relay, by the frames of a py-spy sample: a sample counts
+# for the first step, in this order, with a frame anywhere in its stack. Reading a socket
+# (asyncpg's and aiokafka's protocols, asyncio's TLS) runs from the event loop's callbacks,
+# below no frame of the relay's, and is a step of its own. Every sample of the loop has the
+# loop's frames at its root, so the loop's own step is a sample whose innermost frame is
+# one of them; the rest of the relay's code is "other".
 STEPS = (
-    ("bookkeeping (record_outcome)", ("record_outcome", "_record_published", "prune_receipts")),
-    ("fetch (fetch_ready and its rows)", ("fetch_ready", "_fetch", "OutboxRow")),
+    ("bookkeeping (record_outcome)", ("record_outcome", "prune_receipts")),
+    ("fetch (fetch_ready)", ("fetch_ready",)),
     (
-        "send (mapping, batches, producer, broker I/O)",
-        ("_send", "records.py", "publisher.py", "aiokafka"),
+        "send (mapping, batches, producer)",
+        ("_send ", "relay/records.py", "relay/publisher.py", "relay/producer.py", "aiokafka/"),
     ),
-    ("wake-up (notifications, listen)", ("wakeups.py", "_process_notification", "notif")),
-    ("event loop (select, callbacks)", ("select", "_run_once", "base_events.py")),
+    ("wake-up (notifications)", ("relay/wakeups.py", "_process_notification")),
+    (
+        "socket reads and TLS (protocol callbacks)",
+        ("sslproto.py", "_read_ready", "selector_events.py", "ssl.py"),
+    ),
 )
+EVENT_LOOP = "event loop (select, scheduling)"
+EVENT_LOOP_FRAMES = ("asyncio/base_events.py", "selectors.py", "asyncio/events.py")
 
 
 def step_of(stack: str) -> str:
@@ -90,6 +100,8 @@ def step_of(stack: str) -> str:
     for step, patterns in STEPS:
         if any(pattern in stack for pattern in patterns):
             return step
+    if any(frame in stack.rsplit(";", 1)[-1] for frame in EVENT_LOOP_FRAMES):
+        return EVENT_LOOP
     return "other"
 
 
@@ -131,17 +143,18 @@ async def explain_fetch(url: str, namespace: str) -> dict[str, Any]:
                 "PREPARE relay_fetch(smallint[], bigint, int, text, bigint, int, int) AS "
                 + FETCH_READY
             )
+            template = await conn.fetchval(
+                "SELECT quote_literal($1::text)", f"{namespace}.{{aggregatetype}}"
+            )
             for mode in ("force_custom_plan", "force_generic_plan"):
                 await conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
                 for look_back, start in (("look-back", cursor), ("no look-back", 0)):
+                    # EXECUTE takes no bound parameters: the values are written in, every
+                    # one an integer but the template, quoted by the server
                     rows = await conn.fetch(
                         "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE relay_fetch("
-                        "NULL, $1, 1000, $2, $3, $4, $5)",
-                        cursor,
-                        f"{namespace}.{{aggregatetype}}",
-                        start,
-                        MAX_FETCHED_ROW_BYTES,
-                        FETCH_MAX_BYTES,
+                        f"NULL, {int(cursor)}, 1000, {template}, {int(start)}, "
+                        f"{int(MAX_FETCHED_ROW_BYTES)}, {int(FETCH_MAX_BYTES)})"
                     )
                     plan = json.loads(rows[0][0])[0]
                     plans[f"{mode.removeprefix('force_').removesuffix('_plan')}, {look_back}"] = (
@@ -164,18 +177,19 @@ def _plan_summary(plan: dict[str, Any]) -> dict[str, Any]:
     """The execution time, the buffers, and each index scan with its rows and buffers."""
     scans: list[str] = []
 
-    def walk(node: dict[str, Any]) -> None:
+    def walk(node: dict[str, Any], subplan: str | None) -> None:
+        subplan = node.get("Subplan Name", subplan)
         if "Index Name" in node:
             scans.append(
                 f"{node['Node Type']} {node['Index Name']}"
-                f"{' (' + node['Subplan Name'] + ')' if 'Subplan Name' in node else ''}: "
+                f"{' (' + subplan + ')' if subplan else ''}: "
                 f"loops {node.get('Actual Loops')}, rows {node.get('Actual Rows')}, "
                 f"buffers {node.get('Shared Hit Blocks', 0) + node.get('Shared Read Blocks', 0)}"
             )
         for child in node.get("Plans", []):
-            walk(child)
+            walk(child, subplan)
 
-    walk(plan["Plan"])
+    walk(plan["Plan"], None)
     return {
         "execution_ms": round(plan["Execution Time"], 3),
         "buffers": plan["Plan"].get("Shared Hit Blocks", 0)
@@ -256,22 +270,21 @@ async def measure_condition(
                         clients={relay.pid: "relay"}
                         | ({relay.sidecar.pid: "sidecar"} if relay.sidecar else {}),
                     )
-                    cpu.writer_pids = {
-                        int(r[0])
-                        for r in await monitor.fetch(
-                            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                            "AND application_name = '' AND backend_type = 'client backend' "
-                            "AND pid <> pg_backend_pid()"
-                        )
-                    } - set(cpu.clients)
+                    cpu.writer_pids = writers.server_pids()
                     processes = database_stats.CpuTotals()
                     pairs: list[tuple[int, str | None]] = [(relay.pid, "relay")]
                     await _reset_statements(monitor)
                     dead_before = await _dead(monitor)
                     processes.take(pairs)
                     await cpu.sample(monitor)
-                    profiler = _profile(relay.pid, args.seconds) if args.profile else None
-                    sampler = asyncio.create_task(_sample(cpu, processes, pairs, monitor))
+                    profiler = (
+                        asyncio.create_task(_profile(relay.pid, args.seconds))
+                        if args.profile
+                        else None
+                    )
+                    done = asyncio.Event()
+                    sampler = asyncio.create_task(_sample(cpu, processes, pairs, monitor, done))
+                    waits = asyncio.create_task(_writer_waits(server_url, cpu.writer_pids, done))
                     began = time.perf_counter()
                     sent = await paced(
                         writers.emit, rate=args.rate, seconds=args.seconds, lanes=WRITER_LANES
@@ -280,8 +293,9 @@ async def measure_condition(
                     await measure.wait_for_count(
                         bootstrap, topic, WARMUP_EVENTS + len(sent), timeout=180
                     )
-                    sampler.cancel()
-                    await asyncio.gather(sampler, return_exceptions=True)
+                    done.set()
+                    await sampler
+                    figures["writer_waits"] = await waits
                     processes.take(pairs)
                     await cpu.sample(monitor)
                     costs = database_stats.statement_costs(
@@ -329,14 +343,48 @@ async def measure_condition(
     return figures
 
 
+# What a writer's backend waits for: pg_stat_activity's wait event, or "running" (on a
+# CPU or ready for one). A committing transaction that sent a NOTIFY holds a lock on
+# database 0 (class pg_database, 1262) from queueing its notification through its WAL
+# flush: every notifying commit of the cluster, of every database, takes turns there.
+WAITS = """
+SELECT coalesce(a.wait_event_type || ':' || a.wait_event, 'running') AS waiting,
+       l.classid IS NOT NULL AND l.classid = 1262 AND l.objid = 0 AS notify_lock
+FROM pg_catalog.pg_stat_activity a
+LEFT JOIN pg_catalog.pg_locks l ON l.pid = a.pid AND NOT l.granted
+WHERE a.pid = ANY($1::int[]) AND a.state = 'active'
+"""
+
+
+async def _writer_waits(url: str, pids: set[int], done: asyncio.Event) -> dict[str, float]:
+    """What the writers' backends wait for while they work, sampled every 50 ms: each
+    wait's share of the samples of a busy writer (``notify commit lock``: the lock every
+    notifying commit of the cluster takes in turn)."""
+    conn = await asyncpg.connect(url)
+    counts: Counter[str] = Counter()
+    try:
+        while not done.is_set():
+            for row in await conn.fetch(WAITS, list(pids)):
+                counts["notify commit lock" if row["notify_lock"] else row["waiting"]] += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), timeout=0.05)
+    finally:
+        await conn.close()
+    total = sum(counts.values()) or 1
+    return {what: round(n / total, 3) for what, n in counts.most_common(6)}
+
+
 async def _sample(
     cpu: database_stats.DatabaseCpu,
     processes: database_stats.CpuTotals,
     pairs: list[tuple[int, str | None]],
     monitor: asyncpg.Connection,
+    done: asyncio.Event,
 ) -> None:
-    while True:
-        await asyncio.sleep(1)
+    """Every second until ``done``: each process's CPU (an autovacuum worker's too)."""
+    while not done.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), timeout=1)
         processes.take(pairs)
         await cpu.sample(monitor)
 
@@ -405,7 +453,8 @@ def line(f: dict[str, Any]) -> str:
         f"{pg.get('writers', 0):.0f} autovacuum {pg.get('autovacuum', 0):.0f} us/ev; "
         f"dead {f['dead_before']['outbox_dead']} -> {f['dead_after']['outbox_dead']}, "
         f"autovacuums {f['dead_after']['autovacuums'] - f['dead_before']['autovacuums']}; "
-        f"statements us/ev: {top}; load {f['load_average']}"
+        f"statements us/ev: {top}; writers wait: {f.get('writer_waits')}; "
+        f"load {f['load_average']}"
     )
 
 

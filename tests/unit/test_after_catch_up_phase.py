@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import report
+from bench import after_catch_up, report
 from bench.peers.comparison import PHASES, Scale
 
 
@@ -107,3 +107,29 @@ def test_runs_that_did_not_measure_it_neither_judge_nor_record_it() -> None:
     # a run that measured it keeps its ratios in the history line
     entry = report.history_entry({"runs": ROWS}, commit="abc1234", health_cost={}, memory={})
     assert entry["ratios"]["after_catch_up_p50_vs_debezium"]["per_run"] == [1.5, 1.0, 1.1]
+
+
+def test_a_profiles_samples_are_split_by_the_step_they_belong_to() -> None:
+    loop = "_run_once (asyncio/base_events.py:1922);_run (asyncio/events.py:80)"
+    folded = "\n".join(
+        [
+            f"{loop};_fetch (relay/engine.py:410);fetch_ready (relay/store.py:289) 25",
+            f"{loop};_send (relay/engine.py:500);map_rows (relay/records.py:120) 20",
+            f"{loop};_acknowledge (relay/engine.py:600);record_outcome (relay/store.py:330) 10",
+            f"{loop};_process_notification (asyncpg/connection.py:1700) 5",
+            f"{loop};_read_ready__data_received (asyncio/selector_events.py:1000) 25",
+            f"{loop};select (selectors.py:468) 5",
+            # the relay's own code between the steps, on top of the loop's frames
+            f"{loop};_pass (relay/engine.py:300) 5",
+            "main (outbox_relay/cli.py:10) 5",
+        ]
+    )
+    assert after_catch_up.profile_shares(folded) == {
+        "fetch (fetch_ready)": 0.25,
+        "socket reads and TLS (protocol callbacks)": 0.25,
+        "send (mapping, batches, producer)": 0.2,
+        "bookkeeping (record_outcome)": 0.1,
+        "wake-up (notifications)": 0.05,
+        "event loop (select, scheduling)": 0.05,
+        "other": 0.1,
+    }
