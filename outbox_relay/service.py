@@ -155,22 +155,8 @@ def _as_gauge(check: Callable[[], bool]) -> float:
 async def _relay_then_stop(
     relay: Relay, stop: anyio.Event, scope: anyio.CancelScope, schema_checked: anyio.Event
 ) -> None:
-    await _first_of(schema_checked, stop)
-    if not stop.is_set():
-        await relay.run(stop)
+    await relay.run(stop, may_claim=schema_checked)
     scope.cancel()
-
-
-async def _first_of(*events: anyio.Event) -> None:
-    """Return once any of ``events`` is set."""
-    async with anyio.create_task_group() as waiting:
-
-        async def wait(event: anyio.Event) -> None:
-            await event.wait()
-            waiting.cancel_scope.cancel()
-
-        for event in events:
-            waiting.start_soon(wait, event)
 
 
 async def _watch_signals(stop: anyio.Event, scope: anyio.CancelScope, draining: bool) -> None:

@@ -113,6 +113,20 @@ class Batch:
     spans: PublishSpans  # ended once the broker answered (relay/tracing.py)
 
 
+async def _set_before(event: anyio.Event, stop: anyio.Event) -> bool:
+    """Wait for ``event``; False when ``stop`` was set first."""
+    async with anyio.create_task_group() as waiting:
+
+        async def stopped() -> None:
+            await stop.wait()
+            waiting.cancel_scope.cancel()
+
+        waiting.start_soon(stopped)
+        await event.wait()
+        waiting.cancel_scope.cancel()
+    return event.is_set() and not stop.is_set()
+
+
 class _Prefetch:
     """The next batch's rows, read while the current one is sent; a task in the fetch
     loop's task group fills it."""
@@ -219,8 +233,12 @@ class Relay:
         return self._waiting_for
 
     # -- service -----------------------------------------------------------------------
-    async def run(self, stop: anyio.Event) -> None:
-        """Relay until ``stop`` is set, then drain in-flight work within the drain timeout."""
+    async def run(self, stop: anyio.Event, may_claim: anyio.Event | None = None) -> None:
+        """Relay until ``stop`` is set, then drain in-flight work within the drain timeout.
+
+        With ``may_claim``, no lane is claimed before it is set: the process may still
+        refuse to go on (outbox_relay/open_schema.py); the relay connects, waits for its
+        schema and says what it waits for meanwhile."""
         config = self.config
         pool = await self._connect(stop)
         if pool is None:
@@ -245,6 +263,8 @@ class Relay:
                 return
             if config.transaction_pooler:
                 await self._check_role_settings(store)
+            if may_claim is not None and not await _set_before(may_claim, stop):
+                return
             async with anyio.create_task_group() as background:
                 self._every(background, "lanes", self._lane_round, config.lease_renew_ms)
                 self._every(background, "observe", housekeeping.observe_round, OBSERVE_EVERY_MS)
