@@ -135,10 +135,14 @@ Reading = Mapping[int, Mapping[str, Any]]  # queryid -> its row of STATEMENTS
 
 def statement_costs(before: Reading, after: Reading) -> list[StatementCost]:
     """The work of each statement between two readings, the most expensive first; a
-    statement first seen in ``after`` counts whole, one that vanished (evicted) not at all."""
+    statement first seen in ``after`` counts whole, one that vanished (evicted) not at all.
+    One whose calls fell had its counters reset in between (``pg_stat_statements_reset()``
+    on a shared cluster resets every database's): it counts what it did since, in whole."""
     costs: dict[str, StatementCost] = {}
     for queryid, now in after.items():
         was = before.get(queryid, {})
+        if (now["calls"] or 0) < (was.get("calls") or 0):
+            was = {}
 
         def delta(key: str, now: Mapping[str, Any] = now, was: Mapping[str, Any] = was) -> Any:
             return (now[key] or 0) - (was.get(key) or 0)

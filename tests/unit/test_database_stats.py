@@ -68,6 +68,15 @@ def test_a_statements_cost_is_the_difference_of_two_readings_most_expensive_firs
     assert shown["mean_ms"] == 0.5 and shown["blocks_per_call"] == 10.0
 
 
+def test_a_statement_whose_counters_were_reset_in_between_counts_what_it_did_since() -> None:
+    before = {1: _reading(1, sql.FETCH_READY, 5000, 900.0)}
+    after = {1: _reading(1, sql.FETCH_READY, 120, 30.0)}  # reset, then 120 calls
+    costs = statement_costs(before, after)
+    assert [(c.name, c.calls, c.total_ms) for c in costs] == [
+        ("relay: fetch (FETCH_READY)", 120, 30.0)
+    ]
+
+
 @pytest.mark.parametrize(
     ("facts", "group"),
     [
