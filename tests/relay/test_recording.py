@@ -77,7 +77,8 @@ async def test_batches_settled_while_the_database_is_busy_share_a_statement(
     db: asyncpg.Connection, database_url: str, kafka_bootstrap: str, topic_namespace: str
 ) -> None:
     store = _store(0.2)
-    config = fast_config(database_url, kafka_bootstrap, topic_namespace)
+    # More batches in flight than statements recording: those beyond two always wait.
+    config = fast_config(database_url, kafka_bootstrap, topic_namespace, max_in_flight_batches=8)
     events = 60
     async with (
         running_relay(config, store_factory=store) as running,
@@ -91,8 +92,9 @@ async def test_batches_settled_while_the_database_is_busy_share_a_statement(
         await wait_until(lambda: sum(store.rows_per_statement) == events, timeout=10)
     assert sum(store.rows_per_statement) == events  # each row recorded once
     assert await db.fetchval("SELECT count(*) FROM outbox") == 0
-    # Two statements at once, each 0.2 s, for events that come every 10 ms: batches settle
-    # faster than they are recorded, and the next statement records those waiting.
+    # Two statements at once, each 0.2 s, for events that come every 10 ms: with eight
+    # batches in flight they settle faster than they are recorded, and the next statement
+    # records those waiting.
     assert store.statements < batches[0], (batches[0], store.rows_per_statement)
 
 
