@@ -939,6 +939,16 @@ class Relay:
                     f.retriable and f not in NOT_BROKER_FAILURES for _, f in outcome.failed
                 ),
             )
+        if log.isEnabledFor(logging.DEBUG):
+            # Counts only: a batch's keys, ids and contents are never logged.
+            log.debug(
+                "recorded",
+                extra={
+                    "batches": len(group),
+                    "published": sum(outcome.published_count for _, outcome in group),
+                    "failed": sum(len(outcome.failed) for _, outcome in group),
+                },
+            )
 
     async def _record(self, group: list[Settled]) -> None:
         assert self._store is not None and self._lanes is not None

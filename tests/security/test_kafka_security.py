@@ -237,6 +237,9 @@ async def test_debug_logging_shows_neither_the_sasl_password_nor_record_contents
         )
         assert service.stop() == 0
     everything = "\n".join(service.lines)
-    assert '"level":"debug"' in everything  # debug logging was on
+    # Debug logging was on: the relay says, in counts, what each recording statement wrote.
+    recorded = [json.loads(line) for line in service.lines if '"msg":"recorded"' in line]
+    assert recorded and all(line["level"] == "debug" for line in recorded), everything
+    assert sum(line["published"] for line in recorded) == 1
     assert secret and secret not in everything
     assert key not in everything and marker not in everything
