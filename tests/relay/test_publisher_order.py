@@ -17,7 +17,7 @@ from relay.records import Hold, KafkaRecord
 from relay.retry import HELD_BEHIND_FAILURE, RECORD_TOO_LARGE, classify_failure
 from relay.topics import TopicCatalog
 from tests.support.kafka import read_topic
-from tests.unit.test_records import make_row
+from tests.support.rows import make_row
 
 _LIMIT = 2_000  # the topic's max.message.bytes: one 4 KiB record is too large
 
