@@ -26,16 +26,9 @@ from health.families.completion_tracker import (
     CompletionTracker,
 )
 from health.sidecar import HealthSidecar
-from tests.health.conftest import (
-    RECEIPT_RETENTION_MS,
-    SECRET_MARK,
-    db_now,
-    insert_event,
-    insert_job,
-    insert_receipt,
-    loose_policy,
-)
+from tests.support.health_rows import SECRET_MARK, db_now, insert_event, insert_job, insert_receipt
 from tests.support.plans import plan_nodes
+from tests.support.policies import RECEIPT_RETENTION_MS, loose_policy
 
 
 def completion_policy(*, grace_ms: int = 0, lookback_ms: int = 86_400_000) -> Any:

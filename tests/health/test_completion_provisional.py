@@ -18,15 +18,10 @@ from health.commands import check
 from health.families.completion_outbox import probe_completion_outbox
 from health.families.completion_tracker import CompletionTracker
 from health.sidecar import HealthSidecar
-from tests.health.conftest import (
-    RECEIPT_RETENTION_MS,
-    insert_event,
-    insert_job,
-    insert_receipt,
-    loose_policy,
-)
 from tests.health.test_http import running
+from tests.support.health_rows import insert_event, insert_job, insert_receipt
 from tests.support.http import get
+from tests.support.policies import RECEIPT_RETENTION_MS, loose_policy
 
 # At a grace of 1 s or more the horizon margin is nothing: a job is below the watermark
 # the first time it is checked, the hardest case for a deletion that follows.

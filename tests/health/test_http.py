@@ -25,15 +25,9 @@ from contracts.policy import (
 )
 from health.errors import ListenError
 from health.sidecar import HealthSidecar
-from tests.health.conftest import (
-    RECEIPT_RETENTION_MS,
-    SECRET_MARK,
-    db_now,
-    insert_event,
-    insert_job,
-    loose_policy,
-)
+from tests.support.health_rows import SECRET_MARK, db_now, insert_event, insert_job
 from tests.support.http import Reply, exchange, get
+from tests.support.policies import RECEIPT_RETENTION_MS, loose_policy
 from tests.support.ports import free_port
 
 ALL_PATHS = ("/livez", "/readyz", "/health", "/metrics", "/")

@@ -15,14 +15,8 @@ from contracts.policy import CompletionOutboxPolicy, Family, OutboxPolicy
 from health.commands import check, status
 from health.evaluate import evaluate
 from health.families.completion_tracker import CompletionTracker
-from tests.health.conftest import (
-    RECEIPT_RETENTION_MS,
-    db_now,
-    insert_event,
-    insert_job,
-    loose_policy,
-    relay_policy,
-)
+from tests.support.health_rows import db_now, insert_event, insert_job
+from tests.support.policies import RECEIPT_RETENTION_MS, loose_policy, relay_policy
 
 W, S, U = Classification.WITHIN_BOUNDS, Classification.STALLED, Classification.UNKNOWN
 HOUR = dt.timedelta(hours=1)

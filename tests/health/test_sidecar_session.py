@@ -34,14 +34,9 @@ from health.families.scoring_jobs import SCORING_JOBS_PROBE
 from health.notify_queue import QUEUE_USAGE
 from health.sidecar import SIDECAR_SESSION_SETTINGS, HealthSidecar
 from pgconnect import connection_options
-from tests.health.conftest import (
-    RECEIPT_RETENTION_MS,
-    insert_event,
-    insert_job,
-    loose_policy,
-    relay_policy,
-)
+from tests.support.health_rows import insert_event, insert_job
 from tests.support.plans import plan_nodes
+from tests.support.policies import RECEIPT_RETENTION_MS, loose_policy, relay_policy
 
 
 def _policy(grace_ms: int = 0) -> CompletionOutboxPolicy:

@@ -13,7 +13,7 @@ from health.families.base import Measurement
 from health.history import WINDOW_MS, History
 from health.render import duration, health_document, in_words, label, status_page, status_table
 from health.rules import build_report
-from tests.health.conftest import loose_policy
+from tests.support.policies import loose_policy
 
 NOW = 1_800_000_000_000
 POLICY = loose_policy(

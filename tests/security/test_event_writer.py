@@ -18,12 +18,12 @@ from contracts.policy import Family
 from health.commands import evaluate_once
 from scoring.worker import claim_next_due, enqueue_job
 from scoring.writer import EventDetails, complete_job
-from tests.health.conftest import RECEIPT_RETENTION_MS, loose_policy
 from tests.security import matrix
 from tests.security.conftest import MakeRole
 from tests.security.process import run_cli
 from tests.security.roles import grant, privilege_matrix
 from tests.support.kafka import read_topic
+from tests.support.policies import RECEIPT_RETENTION_MS, loose_policy
 from tests.support.relay import fast_config, running_relay
 from tests.support.waiting import wait_until
 

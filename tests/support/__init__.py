@@ -7,6 +7,10 @@ folder's modules.
   ``wait_for_signal`` for a moment the relay signals (relay/signals.py);
 - ``ports``: ``free_port``;
 - ``kafka``: ``read_topic``, a topic's records from the beginning;
+- ``rows``: ``make_row``, an ``OutboxRow`` built in memory;
+- ``policies``: ``loose_policy``, ``relay_policy``, the sidecar's receipt retention;
+- ``health_rows``: scoring jobs, outbox rows and receipts as the probes read them, with
+  recognisable refs (``insert_job``, ``insert_event``, ``insert_receipt``);
 - ``relay``: a relay in the test's event loop (``running_relay``, ``fast_config``);
 - ``processes``: ``outbox-relay run`` as processes (``Relays``);
 - ``order``: writers that count each key's commits, and the per-key order check;
