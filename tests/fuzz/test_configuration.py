@@ -40,8 +40,8 @@ from relay.config import RelayConfig
 from relay.engine import Relay
 from relay.metrics import RelayMetrics
 from relay.records import RecordMapper
-from tests.foundation.support import REPO, assert_one_clean_error_line, cli_env, run_cli
 from tests.fuzz.profiles import fuzz_settings
+from tests.support.cli import REPO, assert_one_clean_error_line, cli_env, run_cli
 
 POLICY = str(REPO / "docs" / "policy.example.toml")
 INT4_MAX = 2**31 - 1
