@@ -26,7 +26,7 @@ from migrations.grants import (
     render_script,
     schema_creators_warning,
 )
-from tests.security import matrix
+from tests.support import expected_privileges
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 EVERY_OBJECT = frozenset({*TABLES, "outbox_seq_seq", *FUNCTIONS} | {"schema public"})
@@ -97,7 +97,10 @@ def test_schemas_are_quoted_when_they_need_it(name: str, quoted: str) -> None:
 @pytest.mark.parametrize("part", PARTS)
 def test_the_model_is_the_hand_written_matrix(part: str) -> None:
     for table in TABLES:
-        assert describe_access(merged_access(table, [part])) == matrix.BY_PART[part][table], table
+        assert (
+            describe_access(merged_access(table, [part]))
+            == expected_privileges.BY_PART[part][table]
+        ), table
 
 
 def test_whole_table_update_wins_over_columns() -> None:

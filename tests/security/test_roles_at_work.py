@@ -20,12 +20,12 @@ from relay.redrive import RedriveFilter, redrive
 from scoring.worker import claim_next_due, enqueue_job
 from scoring.writer import EventDetails, complete_job
 from tests.security.conftest import MakeRole
-from tests.security.kafka_acl import environment_without_secrets
 from tests.security.process import Service, policy_file, run_cli
-from tests.security.roles import grant
 from tests.support.kafka import read_topic
+from tests.support.kafka_acl import environment_without_secrets
 from tests.support.policies import RECEIPT_RETENTION_MS, loose_policy, relay_policy
 from tests.support.relay import INSERT, fast_config, running_relay
+from tests.support.roles import grant
 from tests.support.waiting import wait_until
 
 DENIED = asyncpg.InsufficientPrivilegeError

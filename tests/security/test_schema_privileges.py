@@ -18,10 +18,10 @@ from migrations.grants import RELAY, SEQUENCES, SIDECAR, TABLES, merged_access
 from pgconnect.schema import SCHEMA_BEHIND, Privilege, SchemaNeeds
 from relay import schema as relay_schema
 from tests.security.conftest import MakeRole
-from tests.security.roles import grant
 from tests.support.kafka import read_topic
 from tests.support.policies import RECEIPT_RETENTION_MS, loose_policy
 from tests.support.relay import INSERT, fast_config, running_relay
+from tests.support.roles import grant
 from tests.support.waiting import wait_until
 
 

@@ -6,7 +6,7 @@ Notation as in docs/security.md: whole-table privileges, then column-level ones.
 from __future__ import annotations
 
 from migrations.grants import FUNCTIONS
-from tests.security.roles import NONE
+from tests.support.roles import NONE
 
 # The scoring functions a worker calls (migration 0012); every other function is called by
 # no role (trigger functions fire without EXECUTE; the helpers run as the functions' owner).

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.protocol.admin import CreateAclsRequest, DeleteAclsRequest
 
-from tests.security.tls import service_file
+from tests.support.tls import service_file
 
 # Kafka's wire codes (org.apache.kafka.common.acl / resource).
 TOPIC = 2
