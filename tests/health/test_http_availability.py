@@ -15,10 +15,8 @@ from prometheus_client import CollectorRegistry
 from contracts.errors import ConfigError
 from health.sidecar import HealthSidecar
 from tests.health.test_http import running
-from tests.support.http import Reply, exchange, get
+from tests.support.http import PROMPT_S, Reply, exchange, get
 from tests.support.policies import loose_policy
-
-PROMPT_S = 2.0  # a generous bound for a probe on a busy 2-core machine
 
 
 async def timed_livez(address: tuple[str, int]) -> tuple[Reply | BaseException, float]:
