@@ -28,10 +28,10 @@ from scoring.store import REQUIRED_MIGRATION
 from scoring.worker import expire_leases, fail_retryable
 from scoring.writer import Enqueue, EventDetails, complete_job, fail_job_permanently
 from tests.scoring.conftest import CompleteClaimed
-from tests.scoring.support import events, job, leased_job
 from tests.scoring.test_decisions import EXPIRED_LAST_ATTEMPT, LEASED, put
 from tests.support import expected_privileges
 from tests.support.roles import create_login_role, drop_role, grant, privilege_matrix
+from tests.support.scoring_jobs import events, job, leased_job
 from tests.support.services import PostgresServer, drop_database, scratch_database, with_database
 
 CALLS = {signature.split("(")[0] for signature in EXECUTE}
