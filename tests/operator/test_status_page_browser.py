@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from health.history import WINDOW_MS
 from tests.operator.browser import Rendered, chromium, render
-from tests.operator.support import PORT_BASE, Stack, fetch, header, health, running
+from tests.operator.stack import PORT_BASE, Stack, fetch, header, health, running
 from tests.support.health_rows import insert_job
 from tests.support.waiting import wait_until_blocking
 
