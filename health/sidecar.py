@@ -34,7 +34,8 @@ from health.http import HTTPServer, Request, Response, problem
 from health.metrics import HealthCollector, HealthCounters
 from health.notify_queue import read_queue_usage
 from health.probing import CONNECT_ERRORS, NOT_MIGRATED
-from health.render import encode_json, health_document, status_page
+from health.render.document import encode_json, health_document
+from health.render.page import status_page
 from health.rules import mark_stale
 from pgconnect import pool_options
 from pgconnect.schema import SCHEMA_BEHIND, SchemaNeeds, ShortfallLog

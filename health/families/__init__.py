@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, assert_never
 
-from contracts.policy import Family
+from contracts.health import FamilyResult
+from contracts.policy import Family, Policy
 from health.families import completion_outbox, outbox, relay, scoring_jobs
-from health.families.base import FamilySpec
+from health.families.base import FamilySpec, Measurement
 
 AnyFamilySpec = FamilySpec[Any, Any]
 
@@ -35,3 +36,19 @@ def _spec(family: Family) -> AnyFamilySpec:
 
 REGISTRY: Mapping[Family, AnyFamilySpec] = MappingProxyType({f: _spec(f) for f in Family})
 """Every family's spec, in report order (``Family`` order)."""
+
+
+def measurements(result: FamilyResult) -> list[Measurement]:
+    """The values a family's result shows, in a stable order; none without evidence."""
+    if result.evidence is None:
+        return []
+    return REGISTRY[result.family].measure(result.evidence)
+
+
+def bound_of(policy: Policy | None, result: FamilyResult, m: Measurement) -> int | None:
+    """The policy's bound on one measurement, or None when it has none."""
+    section = policy.family(result.family) if policy is not None else None
+    if section is None or m.bound is None:
+        return None
+    value: int = getattr(section, m.bound)
+    return value
