@@ -27,14 +27,8 @@ from prometheus_client import CollectorRegistry
 
 import outbox_relay.cli as cli
 from health.sidecar import HealthSidecar
-from outbox_relay.options import (
-    OPTIONS,
-    Integer,
-    Option,
-    Repeated,
-    Switch,
-    Text,
-)
+from outbox_relay.flags import Integer, Option, Repeated, Switch, Text
+from outbox_relay.options import OPTIONS
 from outbox_relay.settings import HealthReportSettings, ServiceSettings, Settings
 from relay.config import RelayConfig
 from relay.engine import Relay

@@ -16,13 +16,10 @@ from contracts.errors import ConfigError
 from contracts.ranges import MAX_SETTING, ranges
 from health.policy import parse_policy
 from outbox_relay.cli import build_parser
+from outbox_relay.flags import Integer, Option, Switch, Text
 from outbox_relay.options import (
     OPTIONS,
     VERBS,
-    Integer,
-    Option,
-    Switch,
-    Text,
     listen_address,
     parse_listen,
     resolve,
