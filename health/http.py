@@ -112,10 +112,11 @@ class HTTPServer:
         listen: tuple[str, int],
         handler: Handler,
         *,
+        io_timeout: float,
+        max_connections: int,
         max_request_bytes: int = 8192,
-        io_timeout: float = 2.0,
-        max_connections: int = 256,
     ) -> None:
+        """``io_timeout`` and ``max_connections``: the sidecar's (health/config.py)."""
         if max_connections < 1:
             raise HealthSettingError("the HTTP connection cap must be at least 1")
         self._listen = listen

@@ -20,9 +20,8 @@ from typing import Any
 from contracts.errors import ConfigError
 from contracts.limits import MAX_AGGREGATETYPE_BYTES
 from contracts.policy import Policy
-from health.families.completion_tracker import RECHECK_PERIOD_MS
+from health.config import SidecarConfig
 from health.policy import load_policy
-from health.sidecar import DATABASE_RETRY_MAX_MS, HTTP_MAX_CONNECTIONS
 from migrations.grants import EVENT_WRITER, WriterRoutes, parse_parts
 from outbox_relay.flags import Environ, Integer, Option, Repeated, Switch, Text, dest_of
 from outbox_relay.settings import (
@@ -34,7 +33,6 @@ from outbox_relay.settings import (
     RedriveSettings,
     ServiceSettings,
     Settings,
-    SidecarOptions,
 )
 from outbox_relay.tracing import tracing_export
 from outbox_relay.transport import UnverifiedPath, refusal, unverified_kafka, unverified_postgres
@@ -69,6 +67,7 @@ def _defaults_of(config_type: type[Any]) -> dict[str, Any]:
 
 _RELAY = _defaults_of(RelayConfig)
 _SECURITY = _defaults_of(KafkaSecurity)
+_SIDECAR = _defaults_of(SidecarConfig)
 
 
 # The flags of the relay's two help sections, taken by the verbs that run the relay.
@@ -261,9 +260,9 @@ LISTEN = Text(
 )
 HTTP_MAX_CONNECTIONS_OPTION = Integer(
     flag="--http-max-connections",
-    fills=(SidecarOptions, "http_max_connections"),
+    fills=(SidecarConfig, "http_max_connections"),
     env="OUTBOX_RELAY_HTTP_MAX_CONNECTIONS",
-    default=HTTP_MAX_CONNECTIONS,
+    default=_SIDECAR["http_max_connections"],
     verbs=SIDECAR_VERBS,
     help=(
         "open HTTP connections the health server keeps; beyond it, answered ones still"
@@ -272,18 +271,18 @@ HTTP_MAX_CONNECTIONS_OPTION = Integer(
 )
 DATABASE_RETRY_MAX = Integer(
     flag="--database-retry-max-ms",
-    fills=(SidecarOptions, "database_retry_max_ms"),
+    fills=(SidecarConfig, "database_retry_max_ms"),
     env="OUTBOX_RELAY_DATABASE_RETRY_MAX_MS",
-    default=DATABASE_RETRY_MAX_MS,
+    default=_SIDECAR["database_retry_max_ms"],
     verbs=SIDECAR_VERBS,
     help="longest wait between the health sidecar's attempts while the database is "
     "unreachable or not migrated",
 )
 COMPLETION_RECHECK_PERIOD = Integer(
     flag="--completion-recheck-period-ms",
-    fills=(SidecarOptions, "completion_recheck_period_ms"),
+    fills=(SidecarConfig, "completion_recheck_period_ms"),
     env="OUTBOX_RELAY_COMPLETION_RECHECK_PERIOD_MS",
-    default=RECHECK_PERIOD_MS,
+    default=_SIDECAR["completion_recheck_period_ms"],
     verbs=SIDECAR_VERBS,
     help="the running sidecar re-reads its whole completion look-back once per this period "
     "(0: every evaluation)",
@@ -691,21 +690,22 @@ def _service(args: argparse.Namespace, environ: Environ) -> ServiceSettings:
     unverified = _unverified_transport(database_url, relay, environ)
     if unverified and REQUIRE_VERIFIED_TRANSPORT.value(args, environ):
         raise ConfigError(refusal(unverified))
-    return ServiceSettings(
+    sidecar = SidecarConfig(
         database_url=database_url,
         listen=listen,
         policy=policy,
         receipt_retention_ms=retention,
+        transaction_pooler=_transaction_pooler(args, environ),
+        http_max_connections=HTTP_MAX_CONNECTIONS_OPTION.value(args, environ),
+        database_retry_max_ms=DATABASE_RETRY_MAX.value(args, environ),
+        completion_recheck_period_ms=COMPLETION_RECHECK_PERIOD.value(args, environ),
+        runbook_url=RUNBOOK_URL.required(args, environ),
+    )
+    return ServiceSettings(
+        sidecar=sidecar,
         relay=relay,
         unverified_transport=unverified,
         demo=demo,
-        transaction_pooler=_transaction_pooler(args, environ),
-        sidecar=SidecarOptions(
-            http_max_connections=HTTP_MAX_CONNECTIONS_OPTION.value(args, environ),
-            database_retry_max_ms=DATABASE_RETRY_MAX.value(args, environ),
-            completion_recheck_period_ms=COMPLETION_RECHECK_PERIOD.value(args, environ),
-        ),
-        runbook_url=RUNBOOK_URL.required(args, environ),
         relay_only=relay_only,
         refuse_open_schema=args.verb == RUN and REFUSE_OPEN_SCHEMA.value(args, environ),
         tracing=tracing_export(environ),

@@ -24,6 +24,7 @@ import asyncpg
 
 from contracts.health import CompletionOutboxEvidence
 from contracts.policy import CompletionOutboxPolicy
+from health.config import SidecarConfig
 from health.errors import HealthSettingError
 from health.families.completion_outbox import (
     NEWEST_TERMINAL,
@@ -49,10 +50,6 @@ from health.probing import (
     without_newest,
 )
 from pgconnect import DB_ERRORS
-
-RECHECK_PERIOD_MS = 21_600_000
-"""The rolling re-check overtakes the whole window once every six hours (docs/health.md,
-"How the completion check scales", weighs the period's cost against its bound)."""
 
 MAX_REMEMBERED = 10_000
 """Over this many missing jobs the family is far out of bounds: fall back to the full check."""
@@ -207,7 +204,7 @@ class CompletionTracker:
         max_remembered: int = MAX_REMEMBERED,
         max_provisional: int = MAX_PROVISIONAL,
         margin_ms: int = HORIZON_MARGIN_MS,
-        recheck_period_ms: int = RECHECK_PERIOD_MS,
+        recheck_period_ms: int = SidecarConfig.completion_recheck_period_ms,
         session_plans: bool = False,
     ) -> None:
         """``session_plans``: the connections it is given already run on generic plans with
@@ -368,7 +365,6 @@ __all__ = [
     "HORIZON_MARGIN_MS",
     "MAX_PROVISIONAL",
     "MAX_REMEMBERED",
-    "RECHECK_PERIOD_MS",
     "CompletionTracker",
     "horizon_margin_ms",
 ]

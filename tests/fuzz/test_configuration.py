@@ -69,13 +69,7 @@ async def built_instead_of_run(settings: Settings, seen: list[Settings]) -> int:
             RecordMapper(
                 topic_template=settings.relay.topic_template, ce_source=settings.relay.ce_source
             )
-        HealthSidecar(
-            database_url=settings.database_url,
-            policy=settings.policy,
-            listen=settings.listen,
-            registry=CollectorRegistry(),
-            receipt_retention_ms=settings.receipt_retention_ms,
-        )
+        HealthSidecar(settings.sidecar, registry=CollectorRegistry())
     return 0
 
 

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from contracts.health import CompletionOutboxEvidence
 from contracts.policy import CompletionOutboxPolicy, Family
+from health.config import SidecarConfig
 from health.evaluate import evaluate
 from health.families.completion_outbox import probe_completion_outbox
 from health.families.completion_tracker import (
@@ -294,11 +295,13 @@ async def test_sidecar_evaluates_incrementally_and_serves_aggregates_only(
     database_url: str, db: asyncpg.Connection
 ) -> None:
     sidecar = HealthSidecar(
-        database_url=database_url,
-        policy=loose_policy(completion_outbox=completion_policy(grace_ms=0)),
-        listen=("127.0.0.1", 0),
+        SidecarConfig(
+            database_url=database_url,
+            policy=loose_policy(completion_outbox=completion_policy(grace_ms=0)),
+            listen=("127.0.0.1", 0),
+            receipt_retention_ms=RECEIPT_RETENTION_MS,
+        ),
         registry=CollectorRegistry(),
-        receipt_retention_ms=RECEIPT_RETENTION_MS,
     )
     async with sidecar:
         await sidecar.evaluate_once()

@@ -21,6 +21,7 @@ import pytest_asyncio
 from prometheus_client import CollectorRegistry
 
 from contracts.policy import CompletionOutboxPolicy, Family
+from health.config import SidecarConfig
 from health.families.completion_outbox import COMPLETION_OUTBOX_PROBE, probe_completion_outbox
 from health.families.completion_tracker import (
     COMPLETION_HORIZON,
@@ -169,11 +170,13 @@ async def test_steady_state_evaluation_sends_only_its_statements(
     statements: list[str] = []
     _logging_pools(monkeypatch, statements)
     sidecar = HealthSidecar(
-        database_url=database_url,
-        policy=loose_policy(completion_outbox=_policy(grace_ms=0), relay=relay_policy()),
-        listen=("127.0.0.1", 0),
+        SidecarConfig(
+            database_url=database_url,
+            policy=loose_policy(completion_outbox=_policy(grace_ms=0), relay=relay_policy()),
+            listen=("127.0.0.1", 0),
+            receipt_retention_ms=RECEIPT_RETENTION_MS,
+        ),
         registry=CollectorRegistry(),
-        receipt_retention_ms=RECEIPT_RETENTION_MS,
     )
     async with sidecar:
         await sidecar.evaluate_once()  # the first: a full check
