@@ -50,22 +50,10 @@ _PAGE_POLICY = (
     "Content-Security-Policy",
     "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'",
 )
-# Behind a transaction pooler only application_name reaches the server; the sidecar's
-# role is read-only by its grants (outbox-relay grant --as sidecar) either way.
-#
-# Every probe is written for its (partial) index, and the tables it reads swing faster than
-# autovacuum re-analyzes them: a scoring_job_state analyzed at a hundred rows and grown to
-# thousands was read whole by the scoring_jobs probe on every evaluation, several times
-# the cost of reading its index. With sequential scans ruled out the index paths are the
-# cheapest whatever the statistics say, as on the relay's sessions (relay/store.py). The
-# statements with parameters (the completion check's bounds) run on their cached generic
-# plans: a custom plan per evaluation cost more to plan than to run
-# (health/families/completion_tracker.py). Direct sessions carry both, so the completion
-# check needs no transaction of its own for SET LOCAL (session_plans); behind a transaction
-# pooler it keeps that transaction. JIT only adds latency to these short statements, and
-# before PostgreSQL 18 a scan that has no index to take (relay_instance, relay_lane) is
-# priced past jit_above_cost once sequential scans are ruled out, and compiled on every
-# evaluation.
+# The sidecar's sessions: read-only, every probe on its index whatever the statistics say,
+# each statement with parameters on its cached generic plan, no JIT (docs/health.md, "How
+# the completion check scales", says why each). Behind a transaction pooler only
+# application_name reaches the server, and the sidecar's role is read-only by its grants.
 SIDECAR_SESSION_SETTINGS = {
     "application_name": "outbox-relay-health",
     "default_transaction_read_only": "on",
@@ -144,10 +132,10 @@ class HealthSidecar:
         self._schema_needs: SchemaNeeds | None = schema.NEEDS
         self._schema_said = ShortfallLog()
         self._schema_behind: str | None = None  # what the schema lacks, while it does
-        # The status page's chart: aggregates of the last minutes, in memory only.
         # The in-process relay's published-events counter, read at each evaluation for the
         # status page's publish rate; None without a relay in this process.
         self._published = published
+        # The status page's chart: aggregates of the last minutes, in memory only.
         self._history = History(interval_ms=settings.interval_ms, publishing=published is not None)
         # Each family's classification as last logged (outages are logged as one line).
         self._logged: dict[Family, Classification] = {}
