@@ -29,22 +29,7 @@ from tests.support.waiting import wait_until
 
 DENIED = asyncpg.InsufficientPrivilegeError
 
-# DESIGN §3.1, written out by hand: the core columns and the optional ones a writer may set.
-CONTRACT = (
-    "id",
-    "aggregatetype",
-    "aggregateid",
-    "type",
-    "payload",
-    "tenant_ref",
-    "schema_version",
-    "correlation_ref",
-    "causation_ref",
-    "traceparent",
-    "tracestate",
-    "headers",
-    "topic",
-)
+CONTRACT = expected_privileges.EVENT_WRITER_COLUMNS
 # What the relay owns today; the catalog may name more, never fewer.
 RELAY_OWNED = {
     "seq",

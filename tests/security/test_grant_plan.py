@@ -229,23 +229,7 @@ def test_the_script_is_one_transaction_then_the_steps_left_to_others() -> None:
 def test_the_event_writer_inserts_the_contract_columns_and_nothing_else() -> None:
     access = merged_access("outbox", ["event-writer"])
     assert access.privileges == frozenset()
-    assert access.insert_columns == frozenset(
-        {
-            "id",
-            "aggregatetype",
-            "aggregateid",
-            "type",
-            "payload",
-            "tenant_ref",
-            "schema_version",
-            "correlation_ref",
-            "causation_ref",
-            "traceparent",
-            "tracestate",
-            "headers",
-            "topic",
-        }
-    )
+    assert access.insert_columns == frozenset(expected_privileges.EVENT_WRITER_COLUMNS)
     # With the scoring service's part on the same role, whole-table INSERT wins.
     both = merged_access("outbox", ["writer", "event-writer"])
     assert both == merged_access("outbox", ["writer"])

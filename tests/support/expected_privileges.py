@@ -52,11 +52,23 @@ WRITER = {
 SCORING_WORKER = {**_NOTHING, **_CALLS_THEM}
 
 # Column-level INSERT of the contract's writer columns (DESIGN §3.1), and nothing else.
-EVENT_WRITER = {
-    **_NOTHING,
-    "outbox": "INSERT(aggregateid, aggregatetype, causation_ref, correlation_ref, headers, id, "
-    "payload, schema_version, tenant_ref, topic, traceparent, tracestate, type)",
-}
+# DESIGN §3.1: the core columns and the optional ones a writer may set.
+EVENT_WRITER_COLUMNS = (
+    "id",
+    "aggregatetype",
+    "aggregateid",
+    "type",
+    "payload",
+    "tenant_ref",
+    "schema_version",
+    "correlation_ref",
+    "causation_ref",
+    "traceparent",
+    "tracestate",
+    "headers",
+    "topic",
+)
+EVENT_WRITER = {**_NOTHING, "outbox": f"INSERT({', '.join(sorted(EVENT_WRITER_COLUMNS))})"}
 
 RELAY = {
     **_NOTHING,
