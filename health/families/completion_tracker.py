@@ -24,8 +24,6 @@ import asyncpg
 
 from contracts.health import CompletionOutboxEvidence
 from contracts.policy import CompletionOutboxPolicy
-from health.config import SidecarConfig
-from health.errors import HealthSettingError
 from health.families.completion_outbox import (
     NEWEST_TERMINAL,
     NEWEST_TERMINAL_FIELD,
@@ -201,21 +199,20 @@ class CompletionTracker:
     def __init__(
         self,
         *,
+        recheck_period_ms: int,
         max_remembered: int = MAX_REMEMBERED,
         max_provisional: int = MAX_PROVISIONAL,
         margin_ms: int = HORIZON_MARGIN_MS,
-        recheck_period_ms: int = SidecarConfig.completion_recheck_period_ms,
         session_plans: bool = False,
     ) -> None:
-        """``session_plans``: the connections it is given already run on generic plans with
+        """``recheck_period_ms``: the sidecar's (health/config.py holds its default and range).
+        ``session_plans``: the connections it is given already run on generic plans with
         sequential scans ruled out, as session settings (the sidecar's direct connections,
         :data:`health.sidecar.SIDECAR_SESSION_SETTINGS`). Its two statements then run as
         they are, each in its own snapshot, in order, as in the transaction otherwise
         opened for its ``SET LOCAL`` (:data:`GENERIC_PLAN_TRANSACTION`): two round trips
         fewer per evaluation. Behind a transaction pooler session settings do not stick,
         so there it stays off."""
-        if recheck_period_ms < 0:
-            raise HealthSettingError("the completion re-check period must not be negative")
         self._max = max_remembered
         self._max_provisional = max_provisional
         self._margin_ms = margin_ms

@@ -16,7 +16,12 @@ from health.commands import check, status
 from health.evaluate import evaluate
 from health.families.completion_tracker import CompletionTracker
 from tests.support.health_rows import db_now, insert_event, insert_job
-from tests.support.policies import RECEIPT_RETENTION_MS, loose_policy, relay_policy
+from tests.support.policies import (
+    RECEIPT_RETENTION_MS,
+    SIDECAR_RECHECK_MS,
+    loose_policy,
+    relay_policy,
+)
 
 W, S, U = Classification.WITHIN_BOUNDS, Classification.STALLED, Classification.UNKNOWN
 HOUR = dt.timedelta(hours=1)
@@ -134,7 +139,11 @@ async def test_a_future_terminal_updated_at_is_unknown_for_completion(
     completion = CompletionOutboxPolicy(
         grace_ms=0, lookback_ms=86_400_000, max_missing_count=0, gates_readiness=True
     )
-    tracker = CompletionTracker(margin_ms=0) if incremental else None
+    tracker = (
+        CompletionTracker(recheck_period_ms=SIDECAR_RECHECK_MS, margin_ms=0)
+        if incremental
+        else None
+    )
     first = await results(db, completion=tracker, completion_outbox=completion)
     assert first[Family.COMPLETION_OUTBOX].classification is W
     await insert_job(db, "completed", updated_at=await db_now(db) + HOUR)

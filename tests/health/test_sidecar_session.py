@@ -37,7 +37,12 @@ from health.sidecar import SIDECAR_SESSION_SETTINGS, HealthSidecar
 from pgconnect import connection_options
 from tests.support.health_rows import insert_event, insert_job
 from tests.support.plans import plan_nodes
-from tests.support.policies import RECEIPT_RETENTION_MS, loose_policy, relay_policy
+from tests.support.policies import (
+    RECEIPT_RETENTION_MS,
+    SIDECAR_RECHECK_MS,
+    loose_policy,
+    relay_policy,
+)
 
 
 def _policy(grace_ms: int = 0) -> CompletionOutboxPolicy:
@@ -123,7 +128,9 @@ async def test_open_transaction_rule_holds_without_the_checks_transaction(
     the two statements take their snapshots in order, the read's first, is asyncpg's: each
     call returns before the next is sent.)"""
     policy = _policy(grace_ms=0)
-    tracker = CompletionTracker(margin_ms=0, session_plans=True)
+    tracker = CompletionTracker(
+        recheck_period_ms=SIDECAR_RECHECK_MS, margin_ms=0, session_plans=True
+    )
     await tracker.probe(sidecar_db, policy, receipt_retention_ms=RECEIPT_RETENTION_MS)
     writer = await asyncpg.connect(database_url)
     try:

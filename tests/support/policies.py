@@ -1,5 +1,6 @@
 """Sidecar policies for tests: bounds loose enough that nothing is stalled unless a test
-tightens one family, and the receipt retention the sidecar is started with."""
+tightens one family, the receipt retention the sidecar is started with, and its completion
+re-check period."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ from contracts.policy import (
     RelayPolicy,
     ScoringJobsPolicy,
 )
+from health.config import SidecarConfig
 
 RECEIPT_RETENTION_MS = 7 * 86_400_000
+SIDECAR_RECHECK_MS = SidecarConfig.completion_recheck_period_ms
+"""The completion tracker's rolling re-check period as the sidecar runs it by default."""
 
 
 def loose_policy(**overrides: Any) -> Policy:
