@@ -662,15 +662,18 @@ def _service(args: argparse.Namespace, environ: Environ) -> ServiceSettings:
             "to the sidecar (run --no-relay), not to the relays"
         )
     policy = _NO_FAMILY if relay_only else load_policy(POLICY.required(args, environ))
+    # Where the outbox is, how long receipts are kept and whether a pooler is in between:
+    # resolved once here, the same values given to the relay's config and the sidecar's.
     database_url = _database_url(args, environ)
     retention = RECEIPT_RETENTION.value(args, environ)
+    pooler = _transaction_pooler(args, environ)
     if sidecar_alone:
         # Unused without the relay, but a value that is wrong is refused, never ignored.
         for option in RELAY_TUNING:
             option.value(args, environ)
     demo = None
     if args.verb == DEMO:
-        if _transaction_pooler(args, environ):
+        if pooler:
             # It migrates and runs its workload on plain connections: a local tool.
             raise ConfigError(
                 "demo connects to PostgreSQL directly: run it without --database-pooler"
@@ -685,7 +688,13 @@ def _service(args: argparse.Namespace, environ: Environ) -> ServiceSettings:
     relay = (
         None
         if sidecar_alone
-        else relay_config(args, environ, database_url=database_url, receipt_retention_ms=retention)
+        else relay_config(
+            args,
+            environ,
+            database_url=database_url,
+            receipt_retention_ms=retention,
+            transaction_pooler=pooler,
+        )
     )
     unverified = _unverified_transport(database_url, relay, environ)
     if unverified and REQUIRE_VERIFIED_TRANSPORT.value(args, environ):
@@ -695,7 +704,7 @@ def _service(args: argparse.Namespace, environ: Environ) -> ServiceSettings:
         listen=listen,
         policy=policy,
         receipt_retention_ms=retention,
-        transaction_pooler=_transaction_pooler(args, environ),
+        transaction_pooler=pooler,
         http_max_connections=HTTP_MAX_CONNECTIONS_OPTION.value(args, environ),
         database_retry_max_ms=DATABASE_RETRY_MAX.value(args, environ),
         completion_recheck_period_ms=COMPLETION_RECHECK_PERIOD.value(args, environ),
@@ -738,12 +747,14 @@ _RESOLVERS: dict[str, Callable[[argparse.Namespace, Environ], Settings]] = {
 
 def relay_config(
     args: argparse.Namespace,
-    environ: Environ = os.environ,
+    environ: Environ,
     *,
     database_url: str | None,
     receipt_retention_ms: int,
+    transaction_pooler: bool,
 ) -> RelayConfig:
-    """The relay's configuration around the already resolved URL and receipt retention."""
+    """The relay's configuration around the values it shares with the sidecar, already
+    resolved: the database URL, the receipt retention and the pooler."""
     security = KafkaSecurity(
         protocol=KAFKA_SECURITY_PROTOCOL.required(args, environ).upper(),
         sasl_mechanism=KAFKA_SASL_MECHANISM.value(args, environ),
@@ -766,7 +777,7 @@ def relay_config(
         compression=COMPRESSION.value(args, environ),
         receipt_retention_ms=receipt_retention_ms,
         listen_database_url=_listen_database_url(args, environ),
-        transaction_pooler=_transaction_pooler(args, environ),
+        transaction_pooler=transaction_pooler,
         **tuning,
     )
 

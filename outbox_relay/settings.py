@@ -160,7 +160,8 @@ class ServiceSettings:
             or relay.transaction_pooler != self.transaction_pooler
         ):
             raise ConfigError(
-                "the relay and the health sidecar must share the database and the receipt retention"
+                "the relay and the health sidecar must share the database, the pooler and the "
+                "receipt retention"
             )
 
 

@@ -342,6 +342,10 @@ def test_settings_refuse_a_relay_that_disagrees_with_the_sidecar() -> None:
         )
     with pytest.raises(ConfigError, match="share"):
         replace(settings, sidecar=replace(sidecar, database_url="postgresql:///elsewhere"))
+    with pytest.raises(ConfigError, match="share"):
+        replace(
+            settings, sidecar=replace(sidecar, transaction_pooler=not sidecar.transaction_pooler)
+        )
 
 
 def test_no_relay_needs_no_kafka_and_still_reads_the_retention() -> None:
