@@ -20,7 +20,7 @@ SERVICES_DOWN := $(if $(wildcard $(VPY)),$(VPY),"$(PYTHON)") -m scripts.services
 ENV_FILE := .services/env
 PYTEST_ARGS ?=
 
-.PHONY: help venv lock generate services-up services-down services-status services-env services-purge lint check test demo bench soak release
+.PHONY: help venv lock generate services-up services-down services-status services-env services-purge lint check test demo bench bench-endurance soak release
 
 help: ## this list, from the comment after each target's rule
 	@awk -F ':.*## ' '/^[a-z][a-z-]*:.*## / { printf "  %-16s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -126,6 +126,24 @@ bench: services-up ## benchmarks and the peer comparison with Debezium, PASS/FAI
 	if [ "$$rc" -ne 0 ]; then echo "benchmarks failed (pytest exit $$rc); the report below is the last complete one" >&2; fi; \
 	report=0; $(VPY) -m bench.report || report=$$?; \
 	if [ "$$report" -ne 0 ]; then echo "bench.report exit $$report: a target FAILs (or no figures)" >&2; fi; \
+	if [ "$$rc" -eq 0 ]; then rc=$$report; fi; \
+	exit "$$rc"
+
+# The relay as deployed for ENDURANCE_MINUTES (default 30) at ENDURANCE_RATE events/s (1000;
+# `auto`: 0.8 x the writers' highest sustained rate, measured first, at most 1,000), a backlog
+# burst every ten minutes (the relay stopped for a minute), receipts pruned throughout; then
+# every event checked on the topic (bench/endurance.py). Writes docs/bench/endurance.jsonl,
+# then docs/bench/endurance.md and its plot with the verdict (bench/endurance_report.py).
+# Exits 1 when an event was lost or reordered or the verdict FAILs, 3 when the run did not
+# complete (the figures of the last complete run are left alone). Not part of make bench.
+ENDURANCE_MINUTES ?= 30
+ENDURANCE_RATE ?= 1000
+ENDURANCE_ARGS ?=
+bench-endurance: services-up ## the relay for 30 minutes at a steady rate with backlog bursts, then its verdict
+	@set -a; . ./$(ENV_FILE); set +a; \
+	rc=0; $(VPY) -m bench.endurance --minutes $(ENDURANCE_MINUTES) --rate $(ENDURANCE_RATE) $(ENDURANCE_ARGS) || rc=$$?; \
+	if [ "$$rc" -gt 1 ]; then exit "$$rc"; fi; \
+	report=0; $(VPY) -m bench.endurance_report || report=$$?; \
 	if [ "$$rc" -eq 0 ]; then rc=$$report; fi; \
 	exit "$$rc"
 

@@ -76,6 +76,7 @@ class Target:
     ratio: str  # key of per_run_ratios()
     compare: str  # "<=" or ">=", or "" for a ratio that is only reported
     bound: float
+    aim: float | None = None  # what the design aims at, reported beside the bound
 
 
 TARGETS = (
@@ -93,6 +94,49 @@ TARGETS = (
     Target("latency p50: relay / Debezium (poll 10 ms)", "p50_vs_debezium10", "", 0.0),
     Target("latency p99: relay / Debezium (poll 10 ms)", "p99_vs_debezium10", "", 0.0),
 )
+
+# The latency phase run again right after a catch-up on the same database (bench/peers/
+# comparison.py, after_catch_up): judged by the design's latency bounds, and the writers'
+# reached rate beside the relay, against the target rate and against their rate beside
+# Debezium. Judged only in runs that measured the phase.
+AFTER_CATCH_UP = "after_catch_up"
+AFTER_CATCH_UP_TARGETS = (
+    Target(
+        "after a catch-up, latency p50: relay / Debezium (poll 1 ms)",
+        "after_catch_up_p50_vs_debezium",
+        "<=",
+        1.2,
+        aim=0.5,
+    ),
+    Target(
+        "after a catch-up, latency p99: relay / Debezium (poll 1 ms)",
+        "after_catch_up_p99_vs_debezium",
+        "<=",
+        0.8,
+        aim=0.5,
+    ),
+    Target(
+        "after a catch-up, writers beside the relay / target rate",
+        "after_catch_up_writers_vs_target",
+        ">=",
+        0.98,
+    ),
+    Target(
+        "after a catch-up, writers beside the relay / beside Debezium",
+        "after_catch_up_writers_vs_debezium",
+        ">=",
+        0.98,
+    ),
+)
+
+
+def targets_for(rows: Rows) -> tuple[Target, ...]:
+    """The targets a run's figures are judged on: the phase after a catch-up's only when
+    the run measured it."""
+    if any(row.get("phase") == AFTER_CATCH_UP for row in rows):
+        return TARGETS + AFTER_CATCH_UP_TARGETS
+    return TARGETS
+
 
 _COMPARE: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": operator.ge}
 
@@ -162,6 +206,18 @@ def per_run_ratios(rows: Rows, run: int) -> dict[str, float | None]:
             ratios[f"{pct}_vs_debezium{key}"] = _ratio(
                 _figure(rows, run, RELAY, "latency", pct), _figure(rows, run, other, "latency", pct)
             )
+    for pct in ("p50", "p99"):
+        ratios[f"after_catch_up_{pct}_vs_debezium"] = _ratio(
+            _figure(rows, run, RELAY, AFTER_CATCH_UP, pct),
+            _figure(rows, run, DEBEZIUM_LATENCY_TUNED, AFTER_CATCH_UP, pct),
+        )
+    writers = _figure(rows, run, RELAY, AFTER_CATCH_UP, "writers_rate")
+    ratios["after_catch_up_writers_vs_target"] = _ratio(
+        writers, _figure(rows, run, RELAY, AFTER_CATCH_UP, "target_rate")
+    )
+    ratios["after_catch_up_writers_vs_debezium"] = _ratio(
+        writers, _figure(rows, run, DEBEZIUM_LATENCY_TUNED, AFTER_CATCH_UP, "writers_rate")
+    )
     return ratios
 
 
@@ -371,11 +427,16 @@ def judged(
     scale = document.get("scale", {})
     per_run = [per_run_ratios(rows, run) for run in runs_of(rows)]
     lines = []
-    for target in TARGETS:
+    for target in targets_for(rows):
         median = median_or_none(r[target.ratio] for r in per_run)
         each = " / ".join(
             "-" if r[target.ratio] is None else f"{r[target.ratio]:.2f}" for r in per_run
         )
+        if target.aim is not None and median is not None:
+            met = "met" if verdict(median, target.compare, target.aim) == "PASS" else "not met"
+            each += f"; aim {target.aim:g}: {met}"
+        if target in AFTER_CATCH_UP_TARGETS:
+            each += _after_catch_up_medians(rows, target)
         lines.append(
             Judged(
                 verdict(median, target.compare, target.bound),
@@ -393,6 +454,17 @@ def judged(
         _beyond_lookback(health_cost),
     ]
     return lines
+
+
+def _after_catch_up_medians(rows: Rows, target: Target) -> str:
+    """The medians beside a target of the phase after a catch-up: each system's latency
+    percentile, or the writers' rate beside each."""
+    key = next(k for k in ("writers_rate", "p50", "p99") if k.split("_")[0] in target.ratio)
+    unit = "/s" if key == "writers_rate" else " ms"
+    spec = ".0f" if key == "writers_rate" else ".1f"
+    relay = median_figure(rows, RELAY, AFTER_CATCH_UP, key)
+    debezium = median_figure(rows, DEBEZIUM_LATENCY_TUNED, AFTER_CATCH_UP, key)
+    return f"; relay {_number(relay, spec)}{unit}, Debezium {_number(debezium, spec)}{unit}"
 
 
 def verdict_lines(
@@ -473,7 +545,7 @@ def history_entry(
             "median": _rounded(median_or_none(r[target.ratio] for r in per_run)),
             "per_run": [_rounded(r[target.ratio]) for r in per_run],
         }
-        for target in TARGETS
+        for target in targets_for(rows)
     }
     entry: dict[str, Any] = {"commit": commit, "measured_at": document.get("measured_at")}
     if note:

@@ -43,7 +43,12 @@ from migrations.grants import (
 from migrations.runner import apply, load_migrations, require_migrated, verify
 from outbox_relay.logs import configure_logging
 from outbox_relay.options import CHECK, STATUS, VERBS, add_options, resolve, resolve_logging
-from outbox_relay.runtime import freeze_startup_heap, space_young_collections, tune_allocator
+from outbox_relay.runtime import (
+    event_loop_factory,
+    freeze_startup_heap,
+    space_young_collections,
+    tune_allocator,
+)
 from outbox_relay.service import run_service
 from outbox_relay.settings import (
     GrantSettings,
@@ -136,8 +141,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(settings: Settings) -> int:
+    loop_factory = event_loop_factory() if isinstance(settings, ServiceSettings) else None
     try:
-        return asyncio.run(_run_verb(settings))
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(_run_verb(settings))
     except BaseExceptionGroup as group:
         # A task group's failure: a configuration error inside it (else another error of
         # ours) is still its one line.

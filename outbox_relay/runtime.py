@@ -6,6 +6,7 @@ tests that run the service inside their own process keep the interpreter's defau
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import functools
 import gc
@@ -93,3 +94,20 @@ def space_young_collections() -> None:
     """
     _, middle, old = gc.get_threshold()
     gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, middle, old)
+
+
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop ``run`` runs on: uvloop's where it is installed (a dependency on every
+    platform it supports), else None for the standard library's.
+
+    The relay's CPU goes to the event loop's transports more than to its own code: every
+    fetch, produce request and bookkeeping statement is a write and a read on a socket,
+    and with TLS each passes through the standard library's SSL protocol, written in
+    Python. uvloop implements both in C (libuv). The verbs that run once keep the
+    standard library's loop.
+    """
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop

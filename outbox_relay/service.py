@@ -7,6 +7,7 @@ the drain timeout), records them, hands the lanes back and exits 0.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 from collections.abc import Callable
@@ -89,6 +90,8 @@ async def run_service(settings: ServiceSettings) -> int:
                 "relay_only": settings.relay_only,
                 "listen": f"{host}:{port}",
                 "instance_id": config.instance_id if config else None,
+                # uvloop's, or the standard library's (outbox_relay/runtime.py)
+                "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
             },
         )
     log.info("stopped")
@@ -147,22 +150,8 @@ def _as_gauge(check: Callable[[], bool]) -> float:
 async def _relay_then_stop(
     relay: Relay, stop: anyio.Event, scope: anyio.CancelScope, schema_checked: anyio.Event
 ) -> None:
-    await _first_of(schema_checked, stop)
-    if not stop.is_set():
-        await relay.run(stop)
+    await relay.run(stop, may_claim=schema_checked)
     scope.cancel()
-
-
-async def _first_of(*events: anyio.Event) -> None:
-    """Return once any of ``events`` is set."""
-    async with anyio.create_task_group() as waiting:
-
-        async def wait(event: anyio.Event) -> None:
-            await event.wait()
-            waiting.cancel_scope.cancel()
-
-        for event in events:
-            waiting.start_soon(wait, event)
 
 
 async def _watch_signals(stop: anyio.Event, scope: anyio.CancelScope, draining: bool) -> None:

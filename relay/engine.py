@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import random
 import time
 from collections import Counter, deque
@@ -25,6 +26,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
+from typing import NamedTuple
 
 import anyio
 import anyio.lowlevel
@@ -111,6 +113,44 @@ class Batch:
     # submission's failures) or held back because an earlier row of their key failed.
     submission: Submission
     spans: PublishSpans  # ended once the broker answered (relay/tracing.py)
+
+
+async def _set_before(event: anyio.Event, stop: anyio.Event) -> bool:
+    """Wait for ``event``; False when ``stop`` was set first."""
+    async with anyio.create_task_group() as waiting:
+
+        async def stopped() -> None:
+            await stop.wait()
+            waiting.cancel_scope.cancel()
+
+        waiting.start_soon(stopped)
+        await event.wait()
+        waiting.cancel_scope.cancel()
+    return event.is_set() and not stop.is_set()
+
+
+class Settled(NamedTuple):
+    """A batch whose acknowledgements are in, sorted into its outcome, to be recorded."""
+
+    batch: Batch
+    outcome: Outcome
+
+
+def may_join(group: Sequence[Settled], waiting: Settled, max_rows: int) -> bool:
+    """Whether ``waiting`` may be recorded by the same statement as ``group``: neither has
+    a failure (its retry delay and its log lines are its batch's own), every lane they
+    share has one fence, and together they hold no more than ``max_rows`` rows (a backlog's
+    full batches keep a statement each, two at once)."""
+    if waiting.outcome.failed or any(settled.outcome.failed for settled in group):
+        return False
+    if sum(len(settled.batch.rows) for settled in group) + len(waiting.batch.rows) > max_rows:
+        return False
+    fences = waiting.batch.fences
+    return all(
+        fences.get(lane, fence) == fence
+        for settled in group
+        for lane, fence in settled.batch.fences.items()
+    )
 
 
 class _Prefetch:
@@ -219,8 +259,12 @@ class Relay:
         return self._waiting_for
 
     # -- service -----------------------------------------------------------------------
-    async def run(self, stop: anyio.Event) -> None:
-        """Relay until ``stop`` is set, then drain in-flight work within the drain timeout."""
+    async def run(self, stop: anyio.Event, may_claim: anyio.Event | None = None) -> None:
+        """Relay until ``stop`` is set, then drain in-flight work within the drain timeout.
+
+        With ``may_claim``, no lane is claimed before it is set: the process may still
+        refuse to go on (outbox_relay/open_schema.py); the relay connects, waits for its
+        schema and says what it waits for meanwhile."""
         config = self.config
         pool = await self._connect(stop)
         if pool is None:
@@ -245,6 +289,8 @@ class Relay:
                 return
             if config.transaction_pooler:
                 await self._check_role_settings(store)
+            if may_claim is not None and not await _set_before(may_claim, stop):
+                return
             async with anyio.create_task_group() as background:
                 self._every(background, "lanes", self._lane_round, config.lease_renew_ms)
                 self._every(background, "observe", housekeeping.observe_round, OBSERVE_EVERY_MS)
@@ -778,24 +824,53 @@ class Relay:
     async def _ack_loop(self, batches: MemoryObjectReceiveStream[Batch]) -> None:
         # Acknowledgements are awaited in submission order; recording them may overlap
         # (two statements at once), because the database write is the slowest step.
-        recording = anyio.Semaphore(_CONCURRENT_RECORDS)
+        # Batches settled while both statements run wait in ``settled``, and the next
+        # statement records all of them that it may (may_join): nothing waits for company
+        # when a batch comes alone, and under load one statement records several.
+        settled_in, settled_out = anyio.create_memory_object_stream[Settled](math.inf)
         async with batches, anyio.create_task_group() as recorders:
-            while True:
-                self.liveness.tick("ack", _IDLE_TICK_MS)
-                with anyio.move_on_after(_IDLE_TICK_MS / 1000) as idle:
+            with settled_in:  # closed on the way out: the recorders write what is left, then end
+                with settled_out:
+                    for _ in range(_CONCURRENT_RECORDS):
+                        recorders.start_soon(self._record_loop, settled_out.clone())
+                while True:
+                    self.liveness.tick("ack", _IDLE_TICK_MS)
+                    with anyio.move_on_after(_IDLE_TICK_MS / 1000) as idle:
+                        try:
+                            batch = await batches.receive()
+                        except anyio.EndOfStream:
+                            return
+                    if idle.cancelled_caught:
+                        continue  # nothing in flight: idle, and alive
                     try:
-                        batch = await batches.receive()
+                        outcome = await self._settle(batch)
+                    except BaseException:
+                        self._window.give_back_slot()
+                        raise
+                    settled_in.send_nowait(Settled(batch, outcome))
+
+    async def _record_loop(self, settled: MemoryObjectReceiveStream[Settled]) -> None:
+        """Record settled batches until the stream ends: each statement takes the first
+        waiting and every later one waiting that may join it."""
+        carried: Settled | None = None
+        async with settled:
+            while True:
+                if carried is None:
+                    try:
+                        carried = await settled.receive()
                     except anyio.EndOfStream:
                         return
-                if idle.cancelled_caught:
-                    continue  # nothing in flight: idle, and alive
-                try:
-                    outcome = await self._settle(batch)
-                    await recording.acquire()
-                except BaseException:
-                    self._window.give_back_slot()
-                    raise
-                recorders.start_soon(self._conclude, batch, outcome, recording)
+                group, carried = [carried], None
+                while True:
+                    try:
+                        waiting = settled.receive_nowait()
+                    except (anyio.WouldBlock, anyio.EndOfStream):
+                        break
+                    if not may_join(group, waiting, self.config.batch_size):
+                        carried = waiting
+                        break
+                    group.append(waiting)
+                await self._conclude(group)
 
     async def _settle(self, batch: Batch) -> Outcome:
         """Wait for the batch's acknowledgements and sort its rows into published and failed."""
@@ -838,35 +913,37 @@ class Relay:
         for exc, events in said.values():
             log_unexpected(log, "publish failed unexpectedly", exc, events=events)
 
-    async def _conclude(self, batch: Batch, outcome: Outcome, recording: anyio.Semaphore) -> None:
-        """Record the outcome, then let the batch's rows and slot go."""
-        failed = outcome.failed
+    async def _conclude(self, group: list[Settled]) -> None:
+        """Record the outcomes, then let the batches' rows and slots go."""
         try:
-            await self._record(batch, outcome)
+            await self._record(group)
         finally:
-            recording.release()
-            self._window.release(batch.rows, (row for row, _ in failed))
-        self.signals.recorded.signal(outcome)
-        if outcome.published:
-            now = datetime.now(UTC)
-            self.metrics.published.inc(outcome.published_count)
-            self.metrics.latency.observe_many(
-                [
-                    (now - row.created_at).total_seconds()
-                    for group in outcome.published
-                    for row in group.rows
-                    if row.created_at is not None  # always, once published
-                ]
+            for batch, outcome in group:
+                self._window.release(batch.rows, (row for row, _ in outcome.failed))
+        now = datetime.now(UTC)
+        for _, outcome in group:
+            self.signals.recorded.signal(outcome)
+            if outcome.published:
+                self.metrics.published.inc(outcome.published_count)
+                self.metrics.latency.observe_many(
+                    [
+                        (now - row.created_at).total_seconds()
+                        for published in outcome.published
+                        for row in published.rows
+                        if row.created_at is not None  # always, once published
+                    ]
+                )
+            self._producer.note_outcome(
+                published=bool(outcome.published),
+                failed_retriably=any(
+                    f.retriable and f not in NOT_BROKER_FAILURES for _, f in outcome.failed
+                ),
             )
-        self._producer.note_outcome(
-            published=bool(outcome.published),
-            failed_retriably=any(f.retriable and f not in NOT_BROKER_FAILURES for _, f in failed),
-        )
 
-    async def _record(self, batch: Batch, outcome: Outcome) -> None:
+    async def _record(self, group: list[Settled]) -> None:
         assert self._store is not None and self._lanes is not None
         config = self.config
-        failed = outcome.failed
+        failed = [failure for _, outcome in group for failure in outcome.failed]
         delays = [
             retry_delay_ms(
                 failure,
@@ -885,24 +962,31 @@ class Relay:
             self._wake.request_full_passes_until(
                 time.monotonic() + (max(delays) + config.poll_interval_ms) / 1000
             )
-        units: list[_Unit] = [
-            PublishedGroup(group.topic, group.partition, group.base_offset + i, [row])
-            for group in outcome.published
-            for i, row in enumerate(group.rows)
-        ]
+        fences: dict[int, int] = {}
+        units: list[_Unit] = []
+        for batch, outcome in group:
+            fences.update(batch.fences)  # one fence per lane in a group (may_join)
+            units.extend(
+                PublishedGroup(
+                    published.topic, published.partition, published.base_offset + i, [row]
+                )
+                for published in outcome.published
+                for i, row in enumerate(published.rows)
+            )
         units.extend(zip(failed, delays, strict=True))
-        written = await self._write_outcome(batch.fences, units)
+        published_count = sum(outcome.published_count for _, outcome in group)
+        written = await self._write_outcome(fences, units)
         if written is None:
             # Past the lease the write would be fenced anyway: the rows go to the next
             # owner (or to ourselves after the next claim) for republishing.
             log.warning(
                 "could not record acknowledgements before the lease ended; "
                 "the events will be published again",
-                extra={"events": outcome.published_count},
+                extra={"events": published_count},
             )
             return
         recorded, unrecordable = written
-        fenced = outcome.published_count - recorded.published - unrecordable
+        fenced = published_count - recorded.published - unrecordable
         if fenced:
             self.metrics.fenced.inc(fenced)
             log.warning(
@@ -910,6 +994,7 @@ class Relay:
                 extra={"events": fenced},
             )
         if failed:
+            ((batch, _),) = group  # a batch with failures is recorded alone (may_join)
             with batch.spans.current():  # its lines carry the batch's trace and span ids
                 self._count_failures(failed, recorded.quarantined)
 

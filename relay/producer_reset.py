@@ -45,7 +45,9 @@ _LINGER_ZERO = struct.pack("ii", 1, 0)
 def _linger_zero(transport: asyncio.BaseTransport) -> None:
     sock = transport.get_extra_info("socket")
     if sock is not None:
-        with contextlib.suppress(OSError):
+        # A transport that is closing has no descriptor left to set: the standard
+        # library's socket says OSError, uvloop's ValueError. Either way it is gone.
+        with contextlib.suppress(OSError, ValueError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_ZERO)
 
 

@@ -244,7 +244,11 @@ class BatchPublisher:
     ) -> Any:
         """Send the batch once the partition's previous batch is acknowledged; its metadata."""
         if previous is not None:
-            await asyncio.wait([previous])  # never cancels or re-raises the previous batch
+            if not previous.done():
+                # Never cancels or re-raises the previous batch. Not awaited once it is
+                # done: every batch of a submission then reaches the producer before its
+                # sender wakes, and goes in one produce request.
+                await asyncio.wait([previous])
             failed = previous.cancelled() or previous.exception() is not None
             # Failed, and its keys were not yet held back when this batch was built: this
             # batch may carry a later record of one of them.

@@ -5,6 +5,9 @@
     out, it is reported apart as the wall time from start to the last record).
 (b) Latency: the running system is fed single events at a steady rate; each event's broker
     append time minus the moment its COMMIT (or ``send()``) returned.
+(c) Latency after a catch-up: (a)'s catch-up, then (b)'s steady phase at once on the same
+    database, so the relay's steady phase follows its own deletes of the backlog (the
+    relay and Debezium at ``poll.interval.ms=1``), with the writers' reached rate beside it.
 """
 
 from __future__ import annotations
@@ -46,11 +49,15 @@ LATENCY_SYSTEMS = ("relay", "debezium-poll1ms", "debezium-poll10ms", "raw-send")
 # and each system's figure of the run is its mean: the machine also drifts within a run.
 DRAIN_PAIR = ("relay", "raw-send")
 LATENCY_PAIR = ("relay", "debezium-poll1ms")
+# (c) compares the relay with the latency-tuned Debezium only, as the design's bounds do.
+AFTER_CATCH_UP_SYSTEMS = LATENCY_PAIR
+PHASES = ("drain", "latency", "after_catch_up")
 
 
 @dataclass(frozen=True)
 class Scale:
-    """How big a comparison is, and of what (BENCH_EVENTS, _RUNS, _RATE, _SECONDS, _SYSTEMS)."""
+    """How big a comparison is, and of what (BENCH_EVENTS, _RUNS, _RATE, _SECONDS, _SYSTEMS,
+    _PHASES)."""
 
     events: int = 200_000
     runs: int = 3
@@ -58,15 +65,33 @@ class Scale:
     seconds: int = 20
     warmup_seconds: int = 5
     systems: tuple[str, ...] = SYSTEMS
+    phases: tuple[str, ...] = PHASES
 
     def latency_systems(self) -> tuple[str, ...]:
-        """The selected systems whose latency is measured."""
+        """The selected systems whose latency is measured (none without the latency phase)."""
+        if "latency" not in self.phases:
+            return ()
         return tuple(s for s in self.systems if s in LATENCY_SYSTEMS)
 
+    def drain_systems(self) -> tuple[str, ...]:
+        """The selected systems whose catch-up is measured (none without the drain phase)."""
+        return self.systems if "drain" in self.phases else ()
+
+    def after_catch_up_systems(self) -> tuple[str, ...]:
+        """The selected systems whose latency after a catch-up is measured."""
+        if "after_catch_up" not in self.phases:
+            return ()
+        return tuple(s for s in self.systems if s in AFTER_CATCH_UP_SYSTEMS)
+
     def measurements(self) -> int:
-        """How many rows of figures a complete comparison yields (the drain pair twice)."""
-        drains = len(run_order(self.systems, 0, DRAIN_PAIR, sandwich=True))
+        """How many rows of figures the catch-up and latency phases yield (the drain pair
+        twice)."""
+        drains = len(run_order(self.drain_systems(), 0, DRAIN_PAIR, sandwich=True))
         return self.runs * (drains + len(self.latency_systems()))
+
+    def after_catch_up_measurements(self) -> int:
+        """How many rows of figures the phase after a catch-up yields."""
+        return self.runs * len(self.after_catch_up_systems())
 
     @classmethod
     def from_env(cls) -> Scale:
@@ -78,6 +103,7 @@ class Scale:
             seconds=int(os.environ.get("BENCH_SECONDS", "20")),
             warmup_seconds=int(os.environ.get("BENCH_WARMUP_SECONDS", "5")),
             systems=tuple(os.environ.get("BENCH_SYSTEMS", ",".join(SYSTEMS)).split(",")),
+            phases=tuple(os.environ.get("BENCH_PHASES", ",".join(PHASES)).split(",")),
         )
 
 
@@ -98,6 +124,8 @@ def run_order(
             units.append(lead + lead[::-1] if sandwich else lead)
         else:
             units.append((name,))
+    if not units:
+        return []
     shift = run % len(units)
     return [name for unit in units[shift:] + units[:shift] for name in unit]
 
@@ -126,14 +154,18 @@ class Comparison:
         return RawProducerSubject(self.bootstrap, batch_api=name == "raw-send_batch")
 
     async def run(self, progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
-        """Every run: the catch-up of every system, then the latency of every system."""
+        """Every run: the catch-up of every system, then the latency of every system, then
+        the latency after a catch-up of the relay and Debezium (poll 1 ms)."""
         for run in range(self.scale.runs):
-            for name in run_order(self.scale.systems, run, DRAIN_PAIR, sandwich=True):
+            for name in run_order(self.scale.drain_systems(), run, DRAIN_PAIR, sandwich=True):
                 figures = await drain(self.subject(name), self.bootstrap, self.scale)
                 self._keep(run, name, "drain", figures, progress)
             for name in run_order(self.scale.latency_systems(), run, LATENCY_PAIR):
                 figures = await latency(self.subject(name), self.bootstrap, self.scale)
                 self._keep(run, name, "latency", figures, progress)
+            for name in run_order(self.scale.after_catch_up_systems(), run, LATENCY_PAIR):
+                figures = await after_catch_up(self.subject(name), self.bootstrap, self.scale)
+                self._keep(run, name, "after_catch_up", figures, progress)
         return self.results
 
     def _keep(
@@ -217,7 +249,9 @@ async def latency(subject: Subject, bootstrap: str, scale: Scale) -> dict[str, A
             subject.emit, rate=scale.rate, seconds=scale.warmup_seconds, lanes=WRITER_LANES
         )
         produce_before = await asyncio.to_thread(measure.read_produce_metrics, bootstrap)
+        began = time.perf_counter()
         sent = await paced(subject.emit, rate=scale.rate, seconds=scale.seconds, lanes=WRITER_LANES)
+        writing_s = time.perf_counter() - began
         await measure.wait_for_count(
             bootstrap,
             topic,
@@ -242,6 +276,64 @@ async def latency(subject: Subject, bootstrap: str, scale: Scale) -> dict[str, A
     return {
         **asdict(summary),
         "achieved_rate": len(sent) / scale.seconds,
+        "writers_rate": len(sent) / writing_s,
+        "target_rate": scale.rate,
         "peak_rss_mb": rss,
         **produce,
+    }
+
+
+async def after_catch_up(subject: Subject, bootstrap: str, scale: Scale) -> dict[str, Any]:
+    """(c) (a)'s backlog written while stopped and caught up, then at once (b)'s steady
+    phase on the same database: the warm-up's single events (connections made, the latency
+    topic's metadata known) and the counted phase, without (b)'s paced warm-up, so it
+    meets what the catch-up left (for the relay: the deleted backlog's dead rows and index
+    entries). ``writers_rate`` is the rate the writers reached: the events over the time
+    they took (``paced`` sends every scheduled event, late when it falls behind)."""
+    backlog_topic = topic_of(subject, DRAIN_AGGREGATE)
+    topic = topic_of(subject, LATENCY_AGGREGATE)
+    try:
+        await subject.prepare()
+        await measure.create_topic(bootstrap, backlog_topic)
+        await measure.create_topic(bootstrap, topic)
+        await subject.load_backlog(scale.events)
+        started = time.monotonic()
+        await subject.start()
+        caught_up = await measure.wait_for_count(
+            bootstrap,
+            backlog_topic,
+            scale.events,
+            timeout=180 + scale.events / 200,
+            alive=subject.alive,
+        )
+        for n in range(WARMUP_EVENTS):
+            await subject.emit(n % WRITER_LANES, n)
+        await measure.wait_for_count(
+            bootstrap, topic, WARMUP_EVENTS, timeout=180, alive=subject.alive
+        )
+        began = time.perf_counter()
+        after_s = time.monotonic() - caught_up
+        sent = await paced(subject.emit, rate=scale.rate, seconds=scale.seconds, lanes=WRITER_LANES)
+        writing_s = time.perf_counter() - began
+        await measure.wait_for_count(
+            bootstrap, topic, WARMUP_EVENTS + len(sent), timeout=180, alive=subject.alive
+        )
+        rss = subject.peak_rss_mb()
+        appended = await measure.append_times_by_id(bootstrap, topic, timeout=120)
+    finally:
+        await subject.stop()
+        await subject.cleanup()
+        await measure.delete_topics(bootstrap, [backlog_topic, topic])
+    values = measure.latencies_ms(sent, appended)
+    missing = len(sent) - len(values)
+    if missing:
+        raise AssertionError(f"{subject.name}: {missing} of {len(sent)} events not read back")
+    return {
+        **asdict(measure.summarize(values)),
+        "events_before": scale.events,
+        "catch_up_wall_s": caught_up - started,
+        "steady_began_after_s": after_s,
+        "writers_rate": len(sent) / writing_s,
+        "target_rate": scale.rate,
+        "peak_rss_mb": rss,
     }

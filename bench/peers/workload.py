@@ -59,6 +59,10 @@ class OutboxWriters:
         for conn in self._conns:
             await conn.close()
 
+    def server_pids(self) -> set[int]:
+        """The PostgreSQL backends of the writer connections."""
+        return {conn.get_server_pid() for conn in self._conns}
+
     async def emit(self, lane: int, n: int) -> str:
         """Commit one event on the lane's connection; its id."""
         event_id = str(uuid.uuid4())

@@ -144,6 +144,8 @@ async def test_the_image_exports_spans_over_otlp_http_when_otel_variables_say_so
     # A line said outside any span carries no ids.
     (started,) = [line for line in lines if line["msg"] == "started"]
     assert "trace_id" not in started and "span_id" not in started
+    # The image installs uvloop with the runtime lock; `run` runs on it.
+    assert started["event_loop"] == "uvloop"
     (exporting,) = [line for line in lines if line["msg"] == "exporting spans with OTLP over HTTP"]
     assert exporting["endpoint"] == receiver.endpoint
 

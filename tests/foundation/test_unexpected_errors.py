@@ -117,7 +117,7 @@ async def test_an_error_that_ends_run_is_one_line_with_its_type_and_place_and_ex
     assert line["level"] == "error"
     assert line["exc_type"] == "RuntimeError"
     # The innermost frame of the product: where the service called the relay.
-    called = line_of(outbox_relay.service, "await relay.run(stop)")
+    called = line_of(outbox_relay.service, "await relay.run(stop, ")
     assert line["at"] == f"outbox_relay/service.py:{called}"
     assert "traceback" not in line  # only at debug level
 
@@ -135,7 +135,7 @@ async def test_at_debug_level_the_whole_traceback_is_logged_without_any_message(
     assert SECRET not in stdout + stderr and "db.internal" not in stdout + stderr
     line = the_line(json_lines(stderr), "stopped by an unexpected error")
     trace = line["traceback"]
-    called = line_of(outbox_relay.service, "await relay.run(stop)")
+    called = line_of(outbox_relay.service, "await relay.run(stop, ")
     assert f'File "outbox_relay/service.py", line {called}, in _relay_then_stop' in trace
     assert 'File "tests/foundation/planted.py"' in trace  # where it was raised
     assert "RuntimeError (message not shown)" in trace

@@ -310,14 +310,14 @@ async def test_a_stream_of_notifications_without_rows_costs_a_bounded_number_of_
         loop = asyncio.get_running_loop()
         started = loop.time()
         sent = 0
-        while loop.time() - started < 2.0:
+        # At least 2,000 of them, over at least 2 s (a busy machine sends fewer a second).
+        while sent < 2_000 or loop.time() - started < 2.0:
             await forger.execute("SELECT pg_notify('outbox_relay', '1,1')")
             sent += 1
         during = await _insert(db, "k-during")
         await wait_until(lambda: _receipts(db, [during["id"]]), timeout=30)
         elapsed = loop.time() - started
         fetches = store.fetches - before
-    assert sent > 2_000, sent  # the flood happened
     # A fetch after one that found nothing waits a little (relay/passes.py, QUIET_MS).
     assert fetches <= elapsed * 1000 / QUIET_MS + 20, (fetches, sent, elapsed)
 

@@ -15,6 +15,7 @@ import gc
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -155,3 +156,32 @@ async def test_run_tunes_the_allocator_and_freezes_the_heap_before_the_service(
     assert isinstance(settings, ServiceSettings)
     assert await cli._serve(settings) == 0
     assert calls == ["allocator", "freeze", "collector", "service"]
+
+
+_POLICY = str(Path(__file__).resolve().parents[2] / "docs" / "policy.example.toml")
+_LOOP_OF = """
+import asyncio, sys
+from outbox_relay import cli
+async def which(_settings):
+    return print(type(asyncio.get_running_loop()).__module__) or 0
+cli._run_verb = which
+cli._run(cli.resolve(cli.build_parser().parse_args(sys.argv[1:])))
+"""
+
+
+@pytest.mark.parametrize(
+    ("argv", "loop"),
+    [
+        (
+            ["run", "--no-relay", "--database-url", "postgresql://h/d", "--policy", _POLICY],
+            "uvloop",
+        ),
+        (["migrate", "--database-url", "postgresql://h/d"], "asyncio"),
+    ],
+)
+def test_run_alone_runs_on_uvloop(argv: list[str], loop: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _LOOP_OF, *argv], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split(".")[0].strip() == loop
