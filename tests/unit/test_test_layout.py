@@ -11,8 +11,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = "tests/support"
-# The benchmark's own tools, which tests/bench tests as the other folders test the product.
-BENCH_TOOLS = ("bench.report", "bench.peers")
+# In bench/ the benchmarks are test modules and their fixtures a conftest; every other module
+# there is one of the benchmark's own tools, which tests import as they import the product.
+BENCH_TESTS = re.compile(r"test_\w+|conftest")
 
 
 def folders_of_tests(root: Path) -> list[Path]:
@@ -27,7 +28,7 @@ def folder_of(module: str, root: Path) -> str | None:
     module outside them (the product, the benchmark's tools, a library)."""
     parts = module.split(".")
     if parts[0] == "bench":
-        return None if module.startswith(BENCH_TOOLS) else "bench"
+        return "bench" if any(BENCH_TESTS.fullmatch(part) for part in parts) else None
     if parts[0] != "tests":
         return None
     if len(parts) > 1 and (root / "tests" / parts[1] / "__init__.py").is_file():
@@ -97,7 +98,13 @@ def test_an_import_from_another_test_folder_is_found(tmp_path: Path) -> None:
     for folder in ("tests", "tests/support", "tests/a", "tests/b", "bench", "bench/peers"):
         (tmp_path / folder).mkdir(parents=True, exist_ok=True)
         (tmp_path / folder / "__init__.py").write_text("")
-    for module in ("tests/b/helpers.py", "bench/test_drain.py", "bench/report.py"):
+    for module in (
+        "tests/b/helpers.py",
+        "bench/test_drain.py",
+        "bench/conftest.py",
+        "bench/report.py",
+        "bench/endurance.py",
+    ):
         (tmp_path / module).write_text("X = 1\n")
     (tmp_path / "tests" / "a" / "test_one.py").write_text(
         "from tests.support import waiting\n"
@@ -109,6 +116,8 @@ def test_an_import_from_another_test_folder_is_found(tmp_path: Path) -> None:
         "    import tests.b.test_two\n"
         "from bench.peers import measure\n"
         "from bench import test_drain, report\n"
+        "from bench.endurance import plan\n"
+        "from bench.conftest import fresh_database\n"
     )
     (tmp_path / "tests" / "a" / "local.py").write_text(
         "from . import test_one\nfrom ..b import X\n"
@@ -120,6 +129,7 @@ def test_an_import_from_another_test_folder_is_found(tmp_path: Path) -> None:
     assert crossing_imports(tmp_path) == [
         "bench/test_bench.py:2: imports tests.conftest",
         "tests/a/local.py:2: imports tests.b",
+        "tests/a/test_one.py:11: imports bench.conftest",
         "tests/a/test_one.py:4: imports tests.b.helpers",
         "tests/a/test_one.py:5: imports tests.b.helpers",
         "tests/a/test_one.py:7: imports tests.b.test_two",
