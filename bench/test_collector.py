@@ -23,7 +23,7 @@ import pytest
 from outbox_relay.runtime import YOUNG_COLLECTION_THRESHOLD
 from relay.config import RelayConfig
 from relay.records import OutboxRow, RecordMapper
-from tests.unit.test_records import make_row
+from tests.support.rows import make_row
 
 pytestmark = pytest.mark.bench
 

@@ -26,6 +26,7 @@ import pytest
 
 from bench.conftest import fresh_database
 from bench.report import HEALTH_COST
+from health.config import SidecarConfig
 from health.evaluate import evaluate
 from health.families.completion_tracker import HORIZON_MARGIN_MS, CompletionTracker
 from health.policy import parse_policy
@@ -186,6 +187,13 @@ async def _sidecar_connect(url: str) -> asyncpg.Connection:
     )
 
 
+def _tracker(*, session_plans: bool) -> CompletionTracker:
+    """The completion tracker as the sidecar builds it, with its default re-check period."""
+    return CompletionTracker(
+        recheck_period_ms=SidecarConfig.completion_recheck_period_ms, session_plans=session_plans
+    )
+
+
 async def _measure(
     e_plain: asyncpg.Connection,
     e_side: asyncpg.Connection,
@@ -227,10 +235,10 @@ async def _measure(
     # horizon margin whatever the grace, a one-hour re-check period: a margin of grace + 1 s
     # reproduces it).
     grace_30 = {
-        "sidecar": _Sidecar(h_side, h_plain, CompletionTracker(session_plans=True)),
-        "sidecar, empty": _Sidecar(e_side, e_plain, CompletionTracker(session_plans=True)),
-        "plain": _Sidecar(h_plain, h_plain, CompletionTracker(session_plans=False)),
-        "plain, empty": _Sidecar(e_plain, e_plain, CompletionTracker(session_plans=False)),
+        "sidecar": _Sidecar(h_side, h_plain, _tracker(session_plans=True)),
+        "sidecar, empty": _Sidecar(e_side, e_plain, _tracker(session_plans=True)),
+        "plain": _Sidecar(h_plain, h_plain, _tracker(session_plans=False)),
+        "plain, empty": _Sidecar(e_plain, e_plain, _tracker(session_plans=False)),
         "previous tracker": _Sidecar(
             h_side,
             h_plain,
@@ -244,8 +252,8 @@ async def _measure(
     await _sidecar_costs(list(grace_30.values()), grace_ms=30000)
     # grace 0: each round's completions are checked in that very round.
     grace_0 = {
-        "sidecar": _Sidecar(h_side, h_plain, CompletionTracker(session_plans=True)),
-        "sidecar, empty": _Sidecar(e_side, e_plain, CompletionTracker(session_plans=True)),
+        "sidecar": _Sidecar(h_side, h_plain, _tracker(session_plans=True)),
+        "sidecar, empty": _Sidecar(e_side, e_plain, _tracker(session_plans=True)),
     }
     await _sidecar_costs(list(grace_0.values()), grace_ms=0)
     # The sidecar under its least-privilege role (docs/security.md), with and without
@@ -258,7 +266,7 @@ async def _measure(
             role = _Sidecar(
                 role_conn,
                 h_plain,
-                CompletionTracker(session_plans=True),
+                _tracker(session_plans=True),
                 expect_incremental=read_all_stats,
             )
             await _sidecar_costs([role], grace_ms=30000)

@@ -3,7 +3,7 @@
 Decided once, at the door (migrations 0009-0010): a row that can never become a Kafka record
 is refused with an error its writer sees, and the relay's fetch reads the size the door
 stored instead of measuring every row again. The relay and the scoring writer read the same
-values; tests/foundation/test_door.py holds the SQL equal to them.
+values; tests/relay/test_door.py holds the SQL to them.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A setting's field says its range: ``batch_size: Positive = 1000`` (or any
 ``Annotated[int, msgspec.Meta(ge=…, le=…)]``). The command line reads it from there for
-the flag that fills the field (outbox_relay/options.py), the settings value checks it when
+the flag that fills the field (outbox_relay/flags.py), the settings value checks it when
 built (:func:`check_ranges`), and the health policy's bounds share :data:`MAX_SETTING`.
 """
 

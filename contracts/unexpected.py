@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import Any, Final
 
 # The product's top-level packages (pyproject.toml's packages.find include, which
-# tests/unit/test_unexpected.py holds this to) and the directory they sit in.
+# tests/unit/test_logs.py holds this to) and the directory they sit in.
 PRODUCT_PACKAGES: Final = (
     "outbox_relay",
     "relay",

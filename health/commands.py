@@ -13,7 +13,8 @@ from contracts.policy import Policy
 from health import schema
 from health.evaluate import evaluate, unknown_report
 from health.probing import CONNECT_ERRORS, connect_failure
-from health.render import STATUS_WIDTH, encode_json, health_document, status_table
+from health.render.document import encode_json, health_document
+from health.render.table import STATUS_WIDTH, status_table
 from pgconnect import DB_ERRORS, connection_options, learn_types
 
 _log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from contracts.health import Classification, HealthReport
 from contracts.policy import Family
-from health.families import REGISTRY
+from health.families import measurements
 
 WINDOW_MS = 15 * 60_000
 """How far back the status page's charts look at most."""
@@ -62,12 +62,11 @@ class History:
         at = report.evaluated_at_unix_ms
         for result in report.families:
             backlog = oldest = None
-            if result.evidence is not None:
-                for m in REGISTRY[result.family].measure(result.evidence):
-                    if m.trend == "backlog":
-                        backlog = m.value
-                    elif m.trend == "oldest":
-                        oldest = m.value
+            for m in measurements(result):
+                if m.trend == "backlog":
+                    backlog = m.value
+                elif m.trend == "oldest":
+                    oldest = m.value
             ring = self._points.setdefault(result.family, deque(maxlen=self._capacity))
             ring.append(Point(at, result.classification, backlog, oldest))
         if published is not None:

@@ -2,7 +2,7 @@
 
 h11 does the parsing (a well-kept, sans-I/O parser); this module adds the limits the
 orchestrator-facing surface needs: a request (head and any body) of at most
-``max_request_bytes``, a deadline for reading it and one for writing the answer, a cap on
+``MAX_REQUEST_BYTES``, a deadline for reading it and one for writing the answer, a cap on
 open connections, and problem+json bodies for every error. A misbehaving client is
 answered or dropped; the server keeps serving.
 
@@ -48,6 +48,8 @@ logger = logging.getLogger("health.http")
 
 PROBLEM_JSON = "application/problem+json"
 ALLOWED_METHODS = ("GET", "HEAD")
+MAX_REQUEST_BYTES = 8192
+"""A request's head and body together; a larger one is answered 400."""
 _READ_CHUNK = 4096
 _DRAIN_BYTES = 65536
 """At most this much unread input is discarded after answering, so the close is clean."""
@@ -112,15 +114,14 @@ class HTTPServer:
         listen: tuple[str, int],
         handler: Handler,
         *,
-        max_request_bytes: int = 8192,
-        io_timeout: float = 2.0,
-        max_connections: int = 256,
+        io_timeout: float,
+        max_connections: int,
     ) -> None:
+        """``io_timeout`` and ``max_connections``: the sidecar's (health/config.py)."""
         if max_connections < 1:
             raise HealthSettingError("the HTTP connection cap must be at least 1")
         self._listen = listen
         self._handler = handler
-        self._max_request_bytes = max_request_bytes
         self._io_timeout = io_timeout
         self._max_connections = max_connections
         self._server: asyncio.Server | None = None
@@ -223,7 +224,7 @@ class HTTPServer:
             writer.close()
 
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self._max_request_bytes)
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_REQUEST_BYTES)
         try:
             async with asyncio.timeout(self._io_timeout):
                 request = await self._read_request(conn, reader)
@@ -285,7 +286,7 @@ class HTTPServer:
             if event is h11.NEED_DATA:
                 data = await reader.read(_READ_CHUNK)
                 received += len(data)
-                if received > self._max_request_bytes:
+                if received > MAX_REQUEST_BYTES:
                     raise h11.RemoteProtocolError("request too large")
                 conn.receive_data(data)  # b"" marks end of stream
                 continue

@@ -14,8 +14,7 @@ from prometheus_client.registry import Collector
 
 from contracts.health import Classification, HealthReport
 from contracts.policy import Family
-from health.families import REGISTRY
-from health.render import measurements
+from health.families import REGISTRY, measurements
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """What the health sidecar needs of the database before it probes (pgconnect/schema.py reads it).
 
 ``MIGRATION`` is the newest migration the probes read, or whose index their plans rely on;
-a release that needs a newer one raises it (tests/health/test_schema_needs.py holds
+a release that needs a newer one raises it (tests/health/test_sidecar_schema_needs.py holds
 ``STATEMENTS_READ`` to the statements). The
 privileges are those ``outbox-relay grant --as sidecar`` gives (migrations/grants.py; the
 same test holds the two equal): read-only, on what the families probe and the migration

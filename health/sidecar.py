@@ -23,18 +23,19 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from contracts import __version__
 from contracts.health import Classification, HealthReport
-from contracts.policy import Family, Policy
+from contracts.policy import Family
 from health import schema
-from health.errors import HealthSettingError
+from health.config import SidecarConfig
 from health.evaluate import evaluate_pool, reissue, unknown_report
-from health.families.completion_tracker import RECHECK_PERIOD_MS, CompletionTracker
+from health.families.completion_tracker import CompletionTracker
 from health.families.relay import while_starting
 from health.history import History
 from health.http import HTTPServer, Request, Response, problem
 from health.metrics import HealthCollector, HealthCounters
 from health.notify_queue import read_queue_usage
 from health.probing import CONNECT_ERRORS, NOT_MIGRATED
-from health.render import encode_json, health_document, status_page
+from health.render.document import encode_json, health_document
+from health.render.page import status_page
 from health.rules import mark_stale
 from pgconnect import pool_options
 from pgconnect.schema import SCHEMA_BEHIND, SchemaNeeds, ShortfallLog
@@ -45,30 +46,14 @@ HEALTH_JSON = "application/health+json"
 _TEXT = "text/plain; charset=utf-8"
 _HTML = "text/html; charset=utf-8"
 _POOL_SIZE = 2
-HTTP_MAX_CONNECTIONS = 256
-"""Open HTTP connections kept by default; beyond it the idle ones are closed first."""
 _PAGE_POLICY = (
     "Content-Security-Policy",
     "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'",
 )
-DATABASE_RETRY_MAX_MS = 30_000
-"""The longest wait between attempts while the database is unreachable or not migrated."""
-# Behind a transaction pooler only application_name reaches the server; the sidecar's
-# role is read-only by its grants (outbox-relay grant --as sidecar) either way.
-#
-# Every probe is written for its (partial) index, and the tables it reads swing faster than
-# autovacuum re-analyzes them: a scoring_job_state analyzed at a hundred rows and grown to
-# thousands was read whole by the scoring_jobs probe on every evaluation, several times
-# the cost of reading its index. With sequential scans ruled out the index paths are the
-# cheapest whatever the statistics say, as on the relay's sessions (relay/store.py). The
-# statements with parameters (the completion check's bounds) run on their cached generic
-# plans: a custom plan per evaluation cost more to plan than to run
-# (health/families/completion_tracker.py). Direct sessions carry both, so the completion
-# check needs no transaction of its own for SET LOCAL (session_plans); behind a transaction
-# pooler it keeps that transaction. JIT only adds latency to these short statements, and
-# before PostgreSQL 18 a scan that has no index to take (relay_instance, relay_lane) is
-# priced past jit_above_cost once sequential scans are ruled out, and compiled on every
-# evaluation.
+# The sidecar's sessions: read-only, every probe on its index whatever the statistics say,
+# each statement with parameters on its cached generic plan, no JIT (docs/health.md, "How
+# the completion check scales", says why each). Behind a transaction pooler only
+# application_name reaches the server, and the sidecar's role is read-only by its grants.
 SIDECAR_SESSION_SETTINGS = {
     "application_name": "outbox-relay-health",
     "default_transaction_read_only": "on",
@@ -105,37 +90,26 @@ class HealthSidecar:
 
     def __init__(
         self,
+        config: SidecarConfig,
         *,
-        database_url: str | None,
-        policy: Policy,
-        listen: tuple[str, int],
         registry: CollectorRegistry,
         relay: RelayProbe | None = None,
-        receipt_retention_ms: int | None = None,
-        http_io_timeout: float = 2.0,
-        http_max_connections: int = HTTP_MAX_CONNECTIONS,
-        completion_recheck_period_ms: int = RECHECK_PERIOD_MS,
-        database_retry_max_ms: int = DATABASE_RETRY_MAX_MS,
-        transaction_pooler: bool = False,
-        runbook_url: str = "",
         published: Callable[[], int] | None = None,
     ) -> None:
-        if database_retry_max_ms < 0:
-            raise HealthSettingError("the database retry back-off cap must not be negative")
-        self._database_url = database_url
-        self._transaction_pooler = transaction_pooler
-        self._policy = policy
+        """``relay``: the relay in this process, if any; ``published``: its published-events
+        counter, read at each evaluation for the status page's publish rate."""
+        self._config = config
+        policy = config.policy
         self._registry = registry
         self._relay = relay
-        self._receipt_retention_ms = receipt_retention_ms
         settings = policy.evaluation
         self._interval = settings.interval_ms / 1000
         self._timeout = settings.timeout_ms / 1000
         self._server = HTTPServer(
-            listen,
+            config.listen,
             self._handle,
-            io_timeout=http_io_timeout,
-            max_connections=http_max_connections,
+            io_timeout=config.http_io_timeout_ms / 1000,
+            max_connections=config.http_max_connections,
         )
         self._counters = HealthCounters()
         # The cluster's NOTIFY queue, as last read (None: not read, or the read failed).
@@ -149,8 +123,8 @@ class HealthSidecar:
         self._pool: asyncpg.Pool | None = None
         # Incremental completion_outbox state: in memory only, never logged or served.
         self._completion = CompletionTracker(
-            recheck_period_ms=completion_recheck_period_ms,
-            session_plans=not transaction_pooler,
+            recheck_period_ms=config.completion_recheck_period_ms,
+            session_plans=not config.transaction_pooler,
         )
         self._last: tuple[HealthReport, float] | None = None
         # What the database must hold before the families are probed (health/schema.py);
@@ -158,17 +132,16 @@ class HealthSidecar:
         self._schema_needs: SchemaNeeds | None = schema.NEEDS
         self._schema_said = ShortfallLog()
         self._schema_behind: str | None = None  # what the schema lacks, while it does
-        # The status page's chart: aggregates of the last minutes, in memory only.
         # The in-process relay's published-events counter, read at each evaluation for the
         # status page's publish rate; None without a relay in this process.
         self._published = published
+        # The status page's chart: aggregates of the last minutes, in memory only.
         self._history = History(interval_ms=settings.interval_ms, publishing=published is not None)
-        self._runbook_url = runbook_url
         # Each family's classification as last logged (outages are logged as one line).
         self._logged: dict[Family, Classification] = {}
         # Why the database cannot be evaluated now (None: it can), and the back-off.
         self._database_problem: str | None = None
-        self._retry_max = database_retry_max_ms / 1000
+        self._retry_max = config.database_retry_max_ms / 1000
         self._retry_delay = 0.0
         self._retry_at: float | None = None
         self._last_tick: float | None = None
@@ -191,7 +164,7 @@ class HealthSidecar:
             # min_size=0: nothing connects here, so a database that is down at start
             # shows up as unknown health instead of a crash; the pool reconnects itself.
             self._pool = await asyncpg.create_pool(
-                self._database_url,
+                self._config.database_url,
                 min_size=0,
                 max_size=_POOL_SIZE,
                 # Connecting gets half the evaluation's budget: a database that never
@@ -204,7 +177,7 @@ class HealthSidecar:
                 # round trip less per evaluation.
                 **pool_options(
                     SIDECAR_SESSION_SETTINGS,
-                    transaction_pooler=self._transaction_pooler,
+                    transaction_pooler=self._config.transaction_pooler,
                     session_state=False,
                 ),
             )
@@ -266,13 +239,13 @@ class HealthSidecar:
             async with asyncio.timeout(self._timeout):
                 report, unreachable = await evaluate_pool(
                     self._pool,
-                    self._policy,
-                    receipt_retention_ms=self._receipt_retention_ms,
+                    self._config.policy,
+                    receipt_retention_ms=self._config.receipt_retention_ms,
                     completion=self._completion,
                     schema=self._schema_needs,
                 )
         except TimeoutError:
-            report = unknown_report(self._policy, "evaluation timed out")
+            report = unknown_report(self._config.policy, "evaluation timed out")
         self._schema_state(report)
         if self._still_starting():
             report = while_starting(report)
@@ -281,7 +254,7 @@ class HealthSidecar:
             self._completion.reset()
         not_migrated = any(NOT_MIGRATED in result.reasons for result in report.families)
         self._database_state(unreachable or (_NOT_MIGRATED_STATE if not_migrated else None))
-        if self._policy.enabled_families():  # database-wide, like the families' gauges
+        if self._config.policy.enabled_families():  # database-wide, like the families' gauges
             self._queue_usage = None if unreachable else await self._read_queue_usage()
         self._record(report)
         async with self._evaluated:
@@ -324,11 +297,11 @@ class HealthSidecar:
         """Whether the in-process relay has yet to have its first chance to claim lanes."""
         if not self._relay_starting:
             return False
-        assert self._relay is not None and self._policy.relay is not None  # see __init__
+        assert self._relay is not None and self._config.policy.relay is not None  # see __init__
         now = asyncio.get_running_loop().time()
         if self._started_at is None:
             self._started_at = now
-        grace = self._policy.relay.max_heartbeat_age_ms / 1000
+        grace = self._config.policy.relay.max_heartbeat_age_ms / 1000
         if self._relay.ready() or now - self._started_at > grace:
             self._relay_starting = False
         return self._relay_starting
@@ -398,7 +371,7 @@ class HealthSidecar:
             return None
         report, at = self._last
         age_ms = int((asyncio.get_running_loop().time() - at) * 1000)
-        return mark_stale(report, age_ms, self._policy.evaluation.max_evidence_age_ms)
+        return mark_stale(report, age_ms, self._config.policy.evaluation.max_evidence_age_ms)
 
     def live(self) -> bool:
         """The evaluation loop ticks (its iterations are bounded) and the relay says it is live."""
@@ -425,7 +398,7 @@ class HealthSidecar:
             # fail exactly when /readyz says 503, whatever this process runs
             causes = self._not_ready_causes(report)
             document = health_document(
-                report, release=__version__, policy=self._policy, not_ready=causes
+                report, release=__version__, policy=self._config.policy, not_ready=causes
             )
             return Response(503 if causes else 200, HEALTH_JSON, encode_json(document))
         if request.path == "/metrics":
@@ -435,9 +408,9 @@ class HealthSidecar:
                 self.report(),
                 live=self.live(),
                 ready=self.ready(),
-                policy=self._policy,
+                policy=self._config.policy,
                 history=self._history,
-                runbook_url=self._runbook_url,
+                runbook_url=self._config.runbook_url,
             )
             # The page needs nothing but itself: say so, so a browser refuses any script
             # or fetch even if something slipped past the escaping.

@@ -29,7 +29,7 @@ from contracts.errors import (
 )
 from contracts.unexpected import log_unexpected
 from health.commands import check, status
-from health.render import STATUS_WIDTH
+from health.render.table import STATUS_WIDTH
 from migrations.excess import read_excess, render_excess
 from migrations.grants import (
     apply_plan,

@@ -2,10 +2,9 @@
 
 :data:`OPTIONS` names, for every flag, the verbs that take it, its environment variable, its
 default and its help; the command line is generated from it and ``tests/unit`` holds
-docs/cli.md's configuration table to it. A flag wins over its variable, and an empty variable
-counts as unset. The relay's defaults are :class:`~relay.config.RelayConfig`'s own fields,
-and every integer flag's range is the one declared on the settings field it fills
-(contracts/ranges.py), read here rather than written again.
+docs/cli.md's configuration table to it. How a flag is read (a flag before its variable,
+ranges from the settings field it fills) is outbox_relay/flags.py. The relay's defaults are
+:class:`~relay.config.RelayConfig`'s own fields, read here rather than written again.
 """
 
 from __future__ import annotations
@@ -13,19 +12,18 @@ from __future__ import annotations
 import argparse
 import os
 import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, fields
+from collections.abc import Callable
+from dataclasses import MISSING, fields
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 from contracts.errors import ConfigError
 from contracts.limits import MAX_AGGREGATETYPE_BYTES
 from contracts.policy import Policy
-from contracts.ranges import check_range, ranges
-from health.families.completion_tracker import RECHECK_PERIOD_MS
+from health.config import SidecarConfig
 from health.policy import load_policy
-from health.sidecar import DATABASE_RETRY_MAX_MS, HTTP_MAX_CONNECTIONS
 from migrations.grants import EVENT_WRITER, WriterRoutes, parse_parts
+from outbox_relay.flags import Environ, Integer, Option, Repeated, Switch, Text, dest_of
 from outbox_relay.settings import (
     DemoOptions,
     GrantSettings,
@@ -35,12 +33,11 @@ from outbox_relay.settings import (
     RedriveSettings,
     ServiceSettings,
     Settings,
-    SidecarOptions,
 )
 from outbox_relay.tracing import tracing_export
 from outbox_relay.transport import UnverifiedPath, refusal, unverified_kafka, unverified_postgres
 from pgconnect import POOLERS, TRANSACTION_POOLER, check_driver_settings, validate_database_url
-from relay.config import KafkaSecurity, RelayConfig, new_instance_id, require_utf8
+from relay.config import KafkaSecurity, RelayConfig, new_instance_id
 from relay.records import TOPIC_PREFIX
 from relay.redrive import RedriveFilter
 
@@ -63,221 +60,14 @@ RELAY_VERBS = frozenset({RUN, DEMO})
 SIDECAR_VERBS = frozenset({RUN, DEMO})
 HEALTH_VERBS = frozenset({RUN, CHECK, STATUS, DEMO})
 
-Environ = Mapping[str, str]
-_T = TypeVar("_T")
-
 
 def _defaults_of(config_type: type[Any]) -> dict[str, Any]:
     return {f.name: f.default for f in fields(config_type) if f.default is not MISSING}
 
 
-def _dest(flag: str) -> str:
-    return flag.removeprefix("--").replace("-", "_")
-
-
 _RELAY = _defaults_of(RelayConfig)
 _SECURITY = _defaults_of(KafkaSecurity)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Option:
-    """One flag: the verbs that take it, its environment variable and its help."""
-
-    flag: str
-    verbs: frozenset[str]
-    help: str
-    env: str | None = None
-    # A second variable read when the flag and ``env`` are unset; its resolver says how.
-    fallback_env: str | None = None
-    # A default that is no single value ("random per process"), as help and docs/cli.md say it.
-    default_text: str | None = None
-    group: str | None = None
-
-    @property
-    def dest(self) -> str:
-        """The attribute argparse stores the flag under (and the RelayConfig field, if any)."""
-        return _dest(self.flag)
-
-    @property
-    def default_value(self) -> object:
-        """The value used when neither the flag nor a variable is given."""
-        return None
-
-    def add_to(self, container: Any) -> None:
-        """Add this flag to a parser or an argument group."""
-        container.add_argument(self.flag, default=None, help=self.help_text())
-
-    def help_text(self) -> str:
-        """The help line: what it is, its variables and its default."""
-        notes = []
-        if self.env:
-            notes.append(f"{self.env}, else {self.fallback_env}" if self.fallback_env else self.env)
-        default = self.default_text or self.default_value
-        if default is not None and default is not False:
-            notes.append(f"default {default}")
-        return f"{self.help} ({'; '.join(notes)})" if notes else self.help
-
-    def given(self, args: argparse.Namespace) -> Any:
-        """The flag's value, or None when it was not given (an empty value counts as not given)."""
-        value = vars(args)[self.dest]
-        if value in (None, ""):
-            return None
-        for text in value if isinstance(value, list) else (value,):
-            _require_utf8(self.flag, text)
-        return value
-
-    def from_env(self, environ: Environ) -> str | None:
-        """The variable's text, or None when it is unset or empty."""
-        value = (environ.get(self.env) or None) if self.env else None
-        return _require_utf8(self.env or self.flag, value)
-
-    def fallback(self, environ: Environ) -> str | None:
-        """The fallback variable's text, or None when it is unset or empty."""
-        value = (environ.get(self.fallback_env) or None) if self.fallback_env else None
-        return _require_utf8(self.fallback_env or self.flag, value)
-
-
-def _require_utf8(name: str, value: _T) -> _T:
-    """``value`` itself, once :func:`relay.config.require_utf8` found it UTF-8 text."""
-    if isinstance(value, str):
-        require_utf8((name, value))
-    return value
-
-
-@dataclass(frozen=True, kw_only=True)
-class Text(Option):
-    """A flag with a text value."""
-
-    default: str | None = None
-    choices: tuple[str, ...] = ()
-    # Set on a flag that has no default and must be given: why, for the error line.
-    required_because: str | None = None
-
-    @property
-    def default_value(self) -> object:
-        """The value used when neither the flag nor a variable is given."""
-        return self.default
-
-    def add_to(self, container: Any) -> None:
-        """Add this flag to a parser or an argument group."""
-        container.add_argument(
-            self.flag, default=None, choices=self.choices or None, help=self.help_text()
-        )
-
-    def explicit(self, args: argparse.Namespace, environ: Environ) -> str | None:
-        """The flag, else the variable; None when neither is given."""
-        given = self.given(args)
-        if given is not None:
-            return str(given)  # argparse checked the choices
-        value = self.from_env(environ)
-        if value is not None and self.choices and value not in self.choices:
-            raise ConfigError(f"{self.env} must be one of {', '.join(self.choices)}")
-        return value
-
-    def value(self, args: argparse.Namespace, environ: Environ) -> str | None:
-        """The flag, else the variable, else the default."""
-        return self.explicit(args, environ) or self.default
-
-    def required(self, args: argparse.Namespace, environ: Environ) -> str:
-        """The value, or a :class:`ConfigError` naming the flag and its variable."""
-        value = self.value(args, environ)
-        if value is None:
-            why = f": {self.required_because}" if self.required_because else ""
-            raise ConfigError(f"{self.flag} ({self.env}) is required{why}")
-        return value
-
-
-@dataclass(frozen=True, kw_only=True)
-class Integer(Option):
-    """A flag with an integer value, a default and the range of the settings field it fills."""
-
-    default: int
-    fills: tuple[type, str]
-    """The settings class and field this flag's value goes to; their range is the flag's."""
-
-    @property
-    def minimum(self) -> int:
-        """The least value the flag takes."""
-        return ranges(self.fills[0])[self.fills[1]][0]
-
-    @property
-    def maximum(self) -> int:
-        """The greatest value the flag takes."""
-        return ranges(self.fills[0])[self.fills[1]][1]
-
-    @property
-    def default_value(self) -> object:
-        """The value used when neither the flag nor a variable is given."""
-        return self.default
-
-    def add_to(self, container: Any) -> None:
-        """Add this flag to a parser or an argument group."""
-        container.add_argument(self.flag, type=int, default=None, help=self.help_text())
-
-    def value(self, args: argparse.Namespace, environ: Environ) -> int:
-        """The flag (argparse checked it is an integer), else the variable, else the
-        default; a :class:`ConfigError` when it is out of range."""
-        given = self.given(args)
-        if given is not None:
-            return self._in_range(self.flag, int(given))
-        raw = self.from_env(environ)
-        if raw is None:
-            return self.default
-        try:
-            number = int(raw)
-        except ValueError:
-            raise ConfigError(f"{self.env} must be an integer") from None
-        return self._in_range(f"{self.env}", number)
-
-    def _in_range(self, name: str, number: int) -> int:
-        return check_range(name, number, self.minimum, self.maximum)
-
-
-# What a switch's variable may say, in any letter case; anything else is refused.
-SWITCH_ON = ("1", "true", "yes", "on")
-SWITCH_OFF = ("0", "false", "no", "off")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Switch(Option):
-    """A flag without a value; its variable says on (1, true, yes, on) or off (0, false,
-    no, off), in any letter case."""
-
-    def add_to(self, container: Any) -> None:
-        """Add this flag to a parser or an argument group."""
-        container.add_argument(self.flag, action="store_true", default=None, help=self.help_text())
-
-    def value(self, args: argparse.Namespace, environ: Environ) -> bool:
-        """On when the flag is given or the variable says so; a :class:`ConfigError` when
-        the variable says neither on nor off."""
-        raw = self.from_env(environ)
-        on = raw is not None and self._read(raw)
-        return self.given(args) is not None or on
-
-    def _read(self, raw: str) -> bool:
-        word = raw.lower()
-        if word in SWITCH_ON:
-            return True
-        if word in SWITCH_OFF:
-            return False
-        # Not echoed: it is whatever the environment held, and the rule is short.
-        raise ConfigError(
-            f"{self.env} must say on ({', '.join(SWITCH_ON)}) or off "
-            f"({', '.join(SWITCH_OFF)}), in any letter case"
-        )
-
-
-@dataclass(frozen=True, kw_only=True)
-class Repeated(Option):
-    """A flag that may be given several times; no variable."""
-
-    def add_to(self, container: Any) -> None:
-        """Add this flag to a parser or an argument group."""
-        container.add_argument(self.flag, action="append", default=None, help=self.help_text())
-
-    def values(self, args: argparse.Namespace) -> list[str]:
-        """Every value given, in order."""
-        return list(vars(args)[self.dest] or [])
+_SIDECAR = _defaults_of(SidecarConfig)
 
 
 # The flags of the relay's two help sections, taken by the verbs that run the relay.
@@ -295,8 +85,8 @@ def _relay_int(flag: str, env: str, help: str) -> Integer:
         help=help,
         verbs=RELAY_VERBS,
         group="relay",
-        default=_RELAY[_dest(flag)],
-        fills=(RelayConfig, _dest(flag)),
+        default=_RELAY[dest_of(flag)],
+        fills=(RelayConfig, dest_of(flag)),
     )
 
 
@@ -470,9 +260,9 @@ LISTEN = Text(
 )
 HTTP_MAX_CONNECTIONS_OPTION = Integer(
     flag="--http-max-connections",
-    fills=(SidecarOptions, "http_max_connections"),
+    fills=(SidecarConfig, "http_max_connections"),
     env="OUTBOX_RELAY_HTTP_MAX_CONNECTIONS",
-    default=HTTP_MAX_CONNECTIONS,
+    default=_SIDECAR["http_max_connections"],
     verbs=SIDECAR_VERBS,
     help=(
         "open HTTP connections the health server keeps; beyond it, answered ones still"
@@ -481,18 +271,18 @@ HTTP_MAX_CONNECTIONS_OPTION = Integer(
 )
 DATABASE_RETRY_MAX = Integer(
     flag="--database-retry-max-ms",
-    fills=(SidecarOptions, "database_retry_max_ms"),
+    fills=(SidecarConfig, "database_retry_max_ms"),
     env="OUTBOX_RELAY_DATABASE_RETRY_MAX_MS",
-    default=DATABASE_RETRY_MAX_MS,
+    default=_SIDECAR["database_retry_max_ms"],
     verbs=SIDECAR_VERBS,
     help="longest wait between the health sidecar's attempts while the database is "
     "unreachable or not migrated",
 )
 COMPLETION_RECHECK_PERIOD = Integer(
     flag="--completion-recheck-period-ms",
-    fills=(SidecarOptions, "completion_recheck_period_ms"),
+    fills=(SidecarConfig, "completion_recheck_period_ms"),
     env="OUTBOX_RELAY_COMPLETION_RECHECK_PERIOD_MS",
-    default=RECHECK_PERIOD_MS,
+    default=_SIDECAR["completion_recheck_period_ms"],
     verbs=SIDECAR_VERBS,
     help="the running sidecar re-reads its whole completion look-back once per this period "
     "(0: every evaluation)",
@@ -872,15 +662,18 @@ def _service(args: argparse.Namespace, environ: Environ) -> ServiceSettings:
             "to the sidecar (run --no-relay), not to the relays"
         )
     policy = _NO_FAMILY if relay_only else load_policy(POLICY.required(args, environ))
+    # Where the outbox is, how long receipts are kept and whether a pooler is in between:
+    # resolved once here, the same values given to the relay's config and the sidecar's.
     database_url = _database_url(args, environ)
     retention = RECEIPT_RETENTION.value(args, environ)
+    pooler = _transaction_pooler(args, environ)
     if sidecar_alone:
         # Unused without the relay, but a value that is wrong is refused, never ignored.
         for option in RELAY_TUNING:
             option.value(args, environ)
     demo = None
     if args.verb == DEMO:
-        if _transaction_pooler(args, environ):
+        if pooler:
             # It migrates and runs its workload on plain connections: a local tool.
             raise ConfigError(
                 "demo connects to PostgreSQL directly: run it without --database-pooler"
@@ -895,26 +688,33 @@ def _service(args: argparse.Namespace, environ: Environ) -> ServiceSettings:
     relay = (
         None
         if sidecar_alone
-        else relay_config(args, environ, database_url=database_url, receipt_retention_ms=retention)
+        else relay_config(
+            args,
+            environ,
+            database_url=database_url,
+            receipt_retention_ms=retention,
+            transaction_pooler=pooler,
+        )
     )
     unverified = _unverified_transport(database_url, relay, environ)
     if unverified and REQUIRE_VERIFIED_TRANSPORT.value(args, environ):
         raise ConfigError(refusal(unverified))
-    return ServiceSettings(
+    sidecar = SidecarConfig(
         database_url=database_url,
         listen=listen,
         policy=policy,
         receipt_retention_ms=retention,
+        transaction_pooler=pooler,
+        http_max_connections=HTTP_MAX_CONNECTIONS_OPTION.value(args, environ),
+        database_retry_max_ms=DATABASE_RETRY_MAX.value(args, environ),
+        completion_recheck_period_ms=COMPLETION_RECHECK_PERIOD.value(args, environ),
+        runbook_url=RUNBOOK_URL.required(args, environ),
+    )
+    return ServiceSettings(
+        sidecar=sidecar,
         relay=relay,
         unverified_transport=unverified,
         demo=demo,
-        transaction_pooler=_transaction_pooler(args, environ),
-        sidecar=SidecarOptions(
-            http_max_connections=HTTP_MAX_CONNECTIONS_OPTION.value(args, environ),
-            database_retry_max_ms=DATABASE_RETRY_MAX.value(args, environ),
-            completion_recheck_period_ms=COMPLETION_RECHECK_PERIOD.value(args, environ),
-        ),
-        runbook_url=RUNBOOK_URL.required(args, environ),
         relay_only=relay_only,
         refuse_open_schema=args.verb == RUN and REFUSE_OPEN_SCHEMA.value(args, environ),
         tracing=tracing_export(environ),
@@ -947,12 +747,14 @@ _RESOLVERS: dict[str, Callable[[argparse.Namespace, Environ], Settings]] = {
 
 def relay_config(
     args: argparse.Namespace,
-    environ: Environ = os.environ,
+    environ: Environ,
     *,
     database_url: str | None,
     receipt_retention_ms: int,
+    transaction_pooler: bool,
 ) -> RelayConfig:
-    """The relay's configuration around the already resolved URL and receipt retention."""
+    """The relay's configuration around the values it shares with the sidecar, already
+    resolved: the database URL, the receipt retention and the pooler."""
     security = KafkaSecurity(
         protocol=KAFKA_SECURITY_PROTOCOL.required(args, environ).upper(),
         sasl_mechanism=KAFKA_SASL_MECHANISM.value(args, environ),
@@ -975,7 +777,7 @@ def relay_config(
         compression=COMPRESSION.value(args, environ),
         receipt_retention_ms=receipt_retention_ms,
         listen_database_url=_listen_database_url(args, environ),
-        transaction_pooler=_transaction_pooler(args, environ),
+        transaction_pooler=transaction_pooler,
         **tuning,
     )
 

@@ -47,17 +47,9 @@ async def run_service(settings: ServiceSettings) -> int:
         relay.metrics.ready.set_function(partial(_as_gauge, relay.ready))
     stop = anyio.Event()
     sidecar = HealthSidecar(
-        database_url=settings.database_url,
-        policy=settings.policy,
-        listen=settings.listen,
+        settings.sidecar,
         registry=registry,
         relay=relay,
-        receipt_retention_ms=settings.receipt_retention_ms,
-        http_max_connections=settings.sidecar.http_max_connections,
-        completion_recheck_period_ms=settings.sidecar.completion_recheck_period_ms,
-        database_retry_max_ms=settings.sidecar.database_retry_max_ms,
-        transaction_pooler=settings.transaction_pooler,
-        runbook_url=settings.runbook_url,
         published=partial(_count, relay.metrics.published) if relay is not None else None,
     )
     # Read once at start; the relay claims no lane before (outbox_relay/open_schema.py).

@@ -12,9 +12,8 @@ from urllib.parse import urlsplit
 
 from contracts.errors import ConfigError
 from contracts.policy import Policy
-from contracts.ranges import NotNegative, Positive, check_ranges
-from health.families.completion_tracker import RECHECK_PERIOD_MS
-from health.sidecar import DATABASE_RETRY_MAX_MS, HTTP_MAX_CONNECTIONS
+from contracts.ranges import Positive, check_ranges
+from health.config import SidecarConfig
 from migrations.grants import WriterRoutes
 from outbox_relay.tracing import TracingExport
 from outbox_relay.transport import UnverifiedPath
@@ -94,39 +93,19 @@ class DemoOptions:
 
 
 @dataclass(frozen=True)
-class SidecarOptions:
-    """The health sidecar's own limits (its HTTP server, its database back-off, its
-    completion re-check)."""
-
-    http_max_connections: Positive = HTTP_MAX_CONNECTIONS
-    database_retry_max_ms: Positive = DATABASE_RETRY_MAX_MS
-    """Zero would be a retry loop without a pause."""
-    completion_recheck_period_ms: NotNegative = RECHECK_PERIOD_MS
-    """0: the whole look-back is read again at every evaluation."""
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
-
-
-@dataclass(frozen=True)
 class ServiceSettings:
     """``run`` and ``demo``: the relay (unless ``--no-relay``), the sidecar and the demo.
 
-    The database URL and the receipt retention are resolved once and live here; the relay's
-    configuration is built from these same values, so the relay, the sidecar and the demo
-    cannot disagree about where the outbox is or how long receipts are kept.
+    The database URL, the receipt retention and whether a transaction pooler is in between
+    are resolved once, into the sidecar's configuration (the process always runs its
+    sidecar); the relay's configuration is built from these same values, so the relay, the
+    sidecar and the demo cannot disagree about where the outbox is or how long receipts
+    are kept.
     """
 
-    database_url: str | None = field(repr=False)
-    listen: tuple[str, int]
-    policy: Policy
-    receipt_retention_ms: Positive
+    sidecar: SidecarConfig
     relay: RelayConfig | None
-    runbook_url: str
-    """Where the status page links each family's runbook section."""
     demo: DemoOptions | None = None
-    transaction_pooler: bool = False
-    sidecar: SidecarOptions = field(default_factory=SidecarOptions)
     unverified_transport: tuple[UnverifiedPath, ...] = ()
     """The network paths used without verifying the other end (outbox_relay/transport.py)."""
     relay_only: bool = False
@@ -137,9 +116,38 @@ class ServiceSettings:
     tracing: TracingExport | None = None
     """Where the process exports its spans, when the ``OTEL_*`` variables ask for it."""
 
+    @property
+    def database_url(self) -> str | None:
+        """Where the outbox is (may carry a password)."""
+        return self.sidecar.database_url
+
+    @property
+    def policy(self) -> Policy:
+        """The health policy the sidecar evaluates."""
+        return self.sidecar.policy
+
+    @property
+    def listen(self) -> tuple[str, int]:
+        """The health sidecar's address."""
+        return self.sidecar.listen
+
+    @property
+    def receipt_retention_ms(self) -> int | None:
+        """How long the relay keeps receipts."""
+        return self.sidecar.receipt_retention_ms
+
+    @property
+    def transaction_pooler(self) -> bool:
+        """A transaction pooler is between the process and PostgreSQL."""
+        return self.sidecar.transaction_pooler
+
+    @property
+    def runbook_url(self) -> str:
+        """Where the status page links each family's runbook section."""
+        return self.sidecar.runbook_url
+
     def __post_init__(self) -> None:
         # The sidecar alone (`run --no-relay`) has no relay configuration to refuse it.
-        check_ranges(self)
         if self.relay_only and (self.relay is None or self.policy.enabled_families()):
             raise ConfigError("a relay-only process runs the relay and evaluates no family")
         # The page links here: an http(s) address or a path, never a script or data URL.
@@ -152,7 +160,8 @@ class ServiceSettings:
             or relay.transaction_pooler != self.transaction_pooler
         ):
             raise ConfigError(
-                "the relay and the health sidecar must share the database and the receipt retention"
+                "the relay and the health sidecar must share the database, the pooler and the "
+                "receipt retention"
             )
 
 

@@ -1,21 +1,9 @@
 """The health families: one module each, and :data:`REGISTRY` mapping every ``Family`` to it.
 
 Evaluation, rendering, metrics and policy loading loop over :data:`REGISTRY`; none of them
-names a family. To add a family:
-
-1. ``contracts/policy.py``: a ``Family`` member, its ``XPolicy`` section (added to the
-   ``FamilyPolicy`` union) and its ``Policy`` field (plus the ``case`` in
-   ``Policy.family``).
-2. ``contracts/health.py``: its ``XEvidence`` (tag = the family's name), added to the
-   ``Evidence`` union.
-3. ``health/families/x.py``: its SQL, probe, classify, measurements and gauges, as one
-   ``SPEC: FamilySpec[XPolicy, XEvidence]``.
-4. The ``case`` for it in :func:`_spec` below.
-
-Then ``docs/health.md``, ``docs/policy.example.toml`` and the test policies. The type
-checker holds the rest together: a ``Family`` member without a ``case`` here or in
-``Policy.family`` fails ``assert_never``; a section or evidence outside its union, or a
-spec missing its probe, classify, measurements or gauges, fails the ``FamilySpec`` type.
+names a family. Adding one: the checklist in docs/architecture.md#add-a-health-family. The
+type checker holds the code together: a ``Family`` member without its ``case`` here or in
+``Policy.family`` fails ``assert_never``.
 """
 
 from __future__ import annotations
@@ -24,9 +12,10 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, assert_never
 
-from contracts.policy import Family
+from contracts.health import FamilyResult
+from contracts.policy import Family, Policy
 from health.families import completion_outbox, outbox, relay, scoring_jobs
-from health.families.base import FamilySpec
+from health.families.base import FamilySpec, Measurement
 
 AnyFamilySpec = FamilySpec[Any, Any]
 
@@ -47,3 +36,19 @@ def _spec(family: Family) -> AnyFamilySpec:
 
 REGISTRY: Mapping[Family, AnyFamilySpec] = MappingProxyType({f: _spec(f) for f in Family})
 """Every family's spec, in report order (``Family`` order)."""
+
+
+def measurements(result: FamilyResult) -> list[Measurement]:
+    """The values a family's result shows, in a stable order; none without evidence."""
+    if result.evidence is None:
+        return []
+    return REGISTRY[result.family].measure(result.evidence)
+
+
+def bound_of(policy: Policy | None, result: FamilyResult, m: Measurement) -> int | None:
+    """The policy's bound on one measurement, or None when it has none."""
+    section = policy.family(result.family) if policy is not None else None
+    if section is None or m.bound is None:
+        return None
+    value: int = getattr(section, m.bound)
+    return value

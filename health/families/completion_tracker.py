@@ -1,65 +1,18 @@
 """Incremental ``completion_outbox`` check for the long-running sidecar.
 
 The one-shot probe (:data:`health.families.completion_outbox.COMPLETION_OUTBOX_PROBE`)
-re-checks every terminal job in the look-back window, so its cost follows the number of
-jobs in the window. The sidecar evaluates every few seconds and can remember what it
-already proved:
+re-checks every terminal job in the look-back window. The tracker remembers what it
+proved instead: a watermark ``W`` (database clock, to the microsecond) below which every
+terminal job has been checked, and the refs of the jobs below it found missing or covered
+only by a pending event. Each evaluation reads the horizon (the clock and the oldest other
+open transaction, before the check's snapshot: nothing with ``updated_at`` below it can
+still appear), then checks the jobs new since ``W``, a rolling slice of the settled window
+and the remembered refs, and moves ``W`` to the horizon. Whenever the state cannot be
+trusted it does the full check instead.
 
-* a terminal job (``completed``/``quarantined``) never changes again, so its ``updated_at``
-  is fixed;
-* its receipt, once recorded in ``outbox_receipt``, stays for the whole window (receipts
-  are kept at least ``lookback_ms``; when they are not, the family is unknown anyway).
-
-So a job found covered by its receipt needs no checking on every evaluation (the rolling
-re-check below covers the exceptions). Coverage by an event still pending in ``outbox`` is
-provisional: that row may yet be deleted unpublished (by hand, by a purge) instead of
-becoming a receipt. The tracker keeps a watermark ``W`` (database clock, kept to the
-microsecond) below which every terminal job has been checked, the refs of the jobs found
-missing below it, and the refs of the jobs below it covered only by a pending event. Each
-evaluation checks only jobs with ``updated_at`` in ``[W, clock - grace)`` and re-checks
-both kinds of remembered refs by primary key: a job whose receipt now exists is forgotten
-(covered for good), one whose pending event is gone is missing, one whose event is still
-pending stays provisional. So a pending event deleted unpublished is counted by the first
-evaluation after both the deletion and the job's grace, as the one-shot check counts it.
-Few jobs are covered that way in a healthy system: only those whose events still wait
-for the relay once their grace has passed.
-
-**Where W may move** (the xact_start rule). A row written by a transaction still open has
-``updated_at`` at or after that transaction's start (the writers use ``clock_timestamp()``),
-and becomes visible only when it commits. The horizon is therefore
-``U = min(clock - grace, start of the oldest other open transaction)``, read from
-``pg_stat_activity`` in a statement *before* the check's snapshot is taken: a transaction
-not yet visible to the check was either open at that read (so ``U`` is at most its start) or
-began after it (so its start is later than ``U``). Nothing with ``updated_at < U`` can appear
-later, so after the check ``W = U``. Jobs in ``[U, clock - grace)`` are checked and counted
-but not remembered: they are checked again next time.
-
-**What the watermark cannot see, and the rolling re-check.** What changes below ``W``
-after it was checked, other than a remembered job, is a job written with an
-``updated_at`` already below ``W`` (back-dated), or a receipt deleted by hand. The one-shot
-check sees it at once. The sidecar re-checks the settled part of the window
-``[clock - lookback, W)`` as a rolling sweep: each evaluation checks the next slice after
-a cursor, sized by the database time elapsed since the previous evaluation so that the
-cursor overtakes the (moving) window once per ``recheck_period_ms``, then wraps to the
-window start. Anything the sweep finds missing, or covered only by a pending event, joins
-the remembered refs. So the sidecar agrees with the one-shot check at most
-``recheck_period_ms`` plus one evaluation interval after such a change, and each
-evaluation re-reads about ``interval / recheck_period_ms`` of the window
-(``recheck_period_ms = 0``: all of it, every time).
-
-**Cost.** One evaluation reads the terminal jobs that entered ``[W, clock - grace)`` since
-the previous one, the rolling slice, and each remembered ref (at most
-:data:`MAX_REMEMBERED` missing plus :data:`MAX_PROVISIONAL` provisional): an index entry
-and a receipt lookup per job, and a pending-event lookup for a job without a receipt.
-The slice is a fixed share of the window; the rest follows the completion rate, the
-missing jobs and the relay's backlog past the grace, not the terminal history.
-
-The remembered refs are internal state: never logged, served or put in evidence.
-Whenever the state cannot be trusted — first evaluation, a probe error or timeout, a
-changed ``grace_ms``/``lookback_ms``, the database clock going backwards, a horizon earlier
-than ``W``, an open transaction the role may not see, a prepared transaction, more than
-:data:`MAX_REMEMBERED` missing jobs or more than :data:`MAX_PROVISIONAL` jobs covered only
-by a pending event — the tracker does the full check instead.
+The bounds and the decisions are health/families/completion_window.py (no I/O); the rules,
+their bounds and their cost are docs/health.md, "How the completion check scales". The
+remembered refs are internal state: never logged, served or put in evidence.
 """
 
 from __future__ import annotations
@@ -71,7 +24,6 @@ import asyncpg
 
 from contracts.health import CompletionOutboxEvidence
 from contracts.policy import CompletionOutboxPolicy
-from health.errors import HealthSettingError
 from health.families.completion_outbox import (
     NEWEST_TERMINAL,
     NEWEST_TERMINAL_FIELD,
@@ -79,6 +31,14 @@ from health.families.completion_outbox import (
     RECEIPT_OF_JOB,
     TERMINAL_JOB,
     probe_completion_outbox,
+)
+from health.families.completion_window import (
+    Horizon,
+    TrackerState,
+    WithoutReceipt,
+    conclude,
+    horizon_margin_ms,
+    plan_window,
 )
 from health.probing import (
     CLOCK,
@@ -88,12 +48,6 @@ from health.probing import (
     without_newest,
 )
 from pgconnect import DB_ERRORS
-
-RECHECK_PERIOD_MS = 21_600_000
-"""The rolling re-check overtakes the whole window once every six hours: with a 5 s interval
-and a one-day window each evaluation re-reads 1/3456 of the window's terminal jobs (a
-quarter of a millisecond for a million; an hour cost 1.7 ms, more than the rest of the
-evaluation)."""
 
 MAX_REMEMBERED = 10_000
 """Over this many missing jobs the family is far out of bounds: fall back to the full check."""
@@ -108,18 +62,6 @@ HORIZON_MARGIN_MS = 1000
 and ``pg_stat_activity`` showing it. Jobs in the margin are simply checked again. The grace
 already keeps the horizon that far below the clock, so only the part of the margin the
 grace does not cover is taken (:func:`horizon_margin_ms`)."""
-
-
-def horizon_margin_ms(margin_ms: int, grace_ms: int) -> int:
-    """How far below ``min(clock - grace, oldest open start)`` the horizon is kept.
-
-    A transaction not yet shown in ``pg_stat_activity`` when the horizon is read started at
-    most ``margin_ms`` before that read, so its rows have ``updated_at >= clock - margin``.
-    The horizon is at most ``clock - grace`` anyway: it needs lowering only by what the
-    grace leaves uncovered. With the example policy's 30 s grace that is nothing, and an
-    evaluation no longer re-reads the last second of completions.
-    """
-    return max(0, margin_ms - grace_ms)
 
 
 # Statement 1, before the check's snapshot: the database clock (floored, so every bound
@@ -251,75 +193,32 @@ async def _generic_plan_transaction(conn: asyncpg.Connection) -> AsyncIterator[N
         raise
 
 
-class _State:
-    __slots__ = (
-        "clock_us",
-        "grace_ms",
-        "horizon_us",
-        "lookback_ms",
-        "missing",
-        "provisional",
-        "sweep_us",
-        "watermark_us",
-    )
-
-    def __init__(
-        self,
-        *,
-        grace_ms: int,
-        lookback_ms: int,
-        watermark_us: int,
-        horizon_us: int,
-        clock_us: int,
-        missing: frozenset[str],
-        provisional: frozenset[str],
-        sweep_us: int,
-    ) -> None:
-        self.grace_ms = grace_ms
-        self.lookback_ms = lookback_ms
-        self.watermark_us = watermark_us
-        self.horizon_us = horizon_us
-        self.clock_us = clock_us
-        self.missing = missing
-        self.provisional = provisional
-        """Settled jobs covered only by a pending event: re-checked on every evaluation."""
-        self.sweep_us = sweep_us
-        """Where the rolling re-check goes on; below the window start means its start."""
-
-    def __repr__(self) -> str:  # never the refs
-        return (
-            f"_State(watermark_us={self.watermark_us}, remembered={len(self.missing)},"
-            f" provisional={len(self.provisional)})"
-        )
-
-
 class CompletionTracker:
     """Per-sidecar incremental state for ``completion_outbox``; see the module docstring."""
 
     def __init__(
         self,
         *,
+        recheck_period_ms: int,
         max_remembered: int = MAX_REMEMBERED,
         max_provisional: int = MAX_PROVISIONAL,
         margin_ms: int = HORIZON_MARGIN_MS,
-        recheck_period_ms: int = RECHECK_PERIOD_MS,
         session_plans: bool = False,
     ) -> None:
-        """``session_plans``: the connections it is given already run on generic plans with
+        """``recheck_period_ms``: the sidecar's (health/config.py holds its default and range).
+        ``session_plans``: the connections it is given already run on generic plans with
         sequential scans ruled out, as session settings (the sidecar's direct connections,
         :data:`health.sidecar.SIDECAR_SESSION_SETTINGS`). Its two statements then run as
         they are, each in its own snapshot, in order, as in the transaction otherwise
         opened for its ``SET LOCAL`` (:data:`GENERIC_PLAN_TRANSACTION`): two round trips
         fewer per evaluation. Behind a transaction pooler session settings do not stick,
         so there it stays off."""
-        if recheck_period_ms < 0:
-            raise HealthSettingError("the completion re-check period must not be negative")
         self._max = max_remembered
         self._max_provisional = max_provisional
         self._margin_ms = margin_ms
         self._recheck_period_ms = recheck_period_ms
         self._session_plans = session_plans
-        self._state: _State | None = None
+        self._state: TrackerState | None = None
         self.full_checks = 0
         """How many evaluations fell back to (or started with) the full check."""
         self.incremental_checks = 0
@@ -387,100 +286,65 @@ class CompletionTracker:
         conn: asyncpg.Connection,
         policy: CompletionOutboxPolicy,
         receipt_retention_ms: int | None,
-        state: _State | None,
+        state: TrackerState | None,
     ) -> CompletionOutboxEvidence | None:
         """The incremental evidence, or None when only the full check can be trusted."""
         (row,) = await fetch_probe_rows(conn, COMPLETION_HORIZON)
         horizon = without_newest(row, NEWEST_TERMINAL_FIELD)
-        clock_us: int = horizon["clock_us"]
-        if horizon["hidden_count"] or horizon["prepared_count"]:
-            return None
-        upper_us = clock_us - policy.grace_ms * 1000
-        oldest_open: int | None = horizon["oldest_xact_start_us"]
-        settle_us = (upper_us if oldest_open is None else min(upper_us, oldest_open)) - (
-            horizon_margin_ms(self._margin_ms, policy.grace_ms) * 1000
+        plan = plan_window(
+            state,
+            Horizon(
+                clock_us=horizon["clock_us"],
+                oldest_open_us=horizon["oldest_xact_start_us"],
+                blind=bool(horizon["hidden_count"] or horizon["prepared_count"]),
+            ),
+            grace_ms=policy.grace_ms,
+            lookback_ms=policy.lookback_ms,
+            margin_ms=self._margin_ms,
+            recheck_period_ms=self._recheck_period_ms,
         )
-        lower_us = clock_us - policy.lookback_ms * 1000
-        if state is not None and (
-            state.grace_ms != policy.grace_ms
-            or state.lookback_ms != policy.lookback_ms
-            or clock_us < state.clock_us
-            # The horizon never moves back unless something was open that we did not see.
-            or settle_us < state.horizon_us
-        ):
-            state = None
-        if state is None:  # first run or reset: the whole window
-            scan_from, remembered = lower_us, frozenset[str]()
-            sweep_from = sweep_to = next_sweep = lower_us
-        else:
-            scan_from = max(state.watermark_us, lower_us)
-            remembered = state.missing | state.provisional
-            sweep_from = max(state.sweep_us, lower_us)
-            sweep_to = min(
-                scan_from,
-                sweep_from + self._sweep_step_us(policy, clock_us - state.clock_us),
-            )
-            # Past the watermark: the next evaluation starts over at the window start.
-            next_sweep = lower_us if sweep_to >= scan_from else sweep_to
+        if plan is None:
+            return None
         args: tuple[object, ...] = (
-            scan_from,
-            upper_us,
-            settle_us,
+            plan.scan_from_us,
+            plan.upper_us,
+            plan.settle_us,
             # Rows of either kind: a statement part cut at this limit holds more of one
             # kind than its bound, so the cut never hides a state that would fit.
             self._max + self._max_provisional + 1,
-            sweep_from,
-            sweep_to,
+            plan.sweep_from_us,
+            plan.sweep_to_us,
         )
-        if remembered:
+        if plan.remembered:
             statement = COMPLETION_INCREMENT_WITH_REMEMBERED
-            args += (list(remembered), lower_us)
+            args += (list(plan.remembered), plan.window_start_us)
         else:
             statement = COMPLETION_INCREMENT
         rows = await fetch_probe_rows(conn, statement, *args)
-        without_receipt = {row["ref"]: row for row in rows}
-        missing = {ref: row for ref, row in without_receipt.items() if not row["pending"]}
-        provisional = without_receipt.keys() - missing.keys()
-        if len(missing) > self._max or len(provisional) > self._max_provisional:
-            return None
-        oldest = min((row["updated_at_unix_ms"] for row in missing.values()), default=None)
-        if state is None:
-            self.full_checks += 1
-        else:
-            self.incremental_checks += 1
-        self._state = _State(
-            grace_ms=policy.grace_ms,
-            lookback_ms=policy.lookback_ms,
-            # Below the window start nothing is ever counted again (it only moves forward).
-            watermark_us=max(settle_us, lower_us, scan_from),
-            horizon_us=settle_us,
-            clock_us=clock_us,
-            missing=frozenset(ref for ref, row in missing.items() if row["settled"]),
-            # Unsettled ones are read again anyway: the next scan starts at or below them.
-            provisional=frozenset(ref for ref in provisional if without_receipt[ref]["settled"]),
-            sweep_us=next_sweep,
+        checked = conclude(
+            plan,
+            (
+                WithoutReceipt(r["ref"], r["settled"], r["pending"], r["updated_at_unix_ms"])
+                for r in rows
+            ),
+            max_remembered=self._max,
+            max_provisional=self._max_provisional,
         )
+        if checked is None:
+            return None
+        if plan.kept:
+            self.incremental_checks += 1
+        else:
+            self.full_checks += 1
+        self._state = checked.state
         return CompletionOutboxEvidence(
             observed_at_unix_ms=horizon["observed_at_unix_ms"],
-            missing_count=len(missing),
-            oldest_missing_updated_at_unix_ms=oldest,
+            missing_count=checked.missing_count,
+            oldest_missing_updated_at_unix_ms=checked.oldest_missing_updated_at_unix_ms,
             grace_ms=policy.grace_ms,
             lookback_ms=policy.lookback_ms,
             receipt_retention_ms=receipt_retention_ms,
         )
-
-    def _sweep_step_us(self, policy: CompletionOutboxPolicy, elapsed_us: int) -> int:
-        """How far the rolling re-check moves for ``elapsed_us`` of database time.
-
-        The window ``L`` long moves forward with the clock; a cursor moving at
-        ``(L + P) / P`` overtakes it by ``L`` every period ``P``, so every point of the
-        window is re-checked at least once per ``P`` (plus one evaluation's step).
-        """
-        window_us = max(0, policy.lookback_ms - policy.grace_ms) * 1000
-        period_us = self._recheck_period_ms * 1000
-        if period_us == 0:
-            return window_us + 1  # the whole settled window, every evaluation
-        return -(-max(0, elapsed_us) * (window_us + period_us) // period_us)  # ceiling
 
     async def _full(
         self,
@@ -498,7 +362,6 @@ __all__ = [
     "HORIZON_MARGIN_MS",
     "MAX_PROVISIONAL",
     "MAX_REMEMBERED",
-    "RECHECK_PERIOD_MS",
     "CompletionTracker",
     "horizon_margin_ms",
 ]

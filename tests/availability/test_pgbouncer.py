@@ -25,7 +25,7 @@ from relay.store import create_relay_pool
 from scoring.worker import claim_next_due, enqueue_job
 from scoring.writer import Completion, EventDetails, complete_job
 from tests.availability.conftest import PooledDatabase
-from tests.foundation.support import REPO, cli_env, run_cli, run_service_cli
+from tests.support.cli import REPO, cli_env, run_cli, run_service_cli
 from tests.support.kafka import read_topic
 from tests.support.ports import free_port
 from tests.support.relay import INSERT, fast_config, running_relay

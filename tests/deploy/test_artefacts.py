@@ -38,7 +38,7 @@ from tests.deploy.conftest import (
     one,
     render,
 )
-from tests.health.test_http_availability import PROMPT_S
+from tests.support.http import PROMPT_S
 from tests.support.node import crd_errors
 
 KUBERNETES = "1.37.0"  # the newest schemas kubernetes-validate ships

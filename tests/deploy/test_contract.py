@@ -29,7 +29,7 @@ from tests.deploy.conftest import EXAMPLE, MIGRATE_JOB, one
 from tests.deploy.pods import Cluster, Pod, make_roles, run_once, running
 from tests.support import promtool
 from tests.support.http import get
-from tests.unit.test_monitoring_kit import ALERTS, DASHBOARD, metric_names
+from tests.support.monitoring_kit import ALERTS, DASHBOARD, metric_names
 
 NAMESPACE = "scoring-test"
 BACKLOG_PANEL = "Pending events"

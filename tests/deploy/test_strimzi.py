@@ -20,10 +20,10 @@ import pytest
 
 from tests.deploy.conftest import one
 from tests.deploy.pods import Cluster, Pod, run_once, running
-from tests.security.kafka_acl import OPERATION_CODES, listener, topics_with_acls
-from tests.security.tls import service_file
 from tests.support.http import get
 from tests.support.kafka import read_topic
+from tests.support.kafka_acl import OPERATION_CODES, listener, topics_with_acls
+from tests.support.tls import service_file
 from tests.support.waiting import wait_until
 
 EVENTS = 10

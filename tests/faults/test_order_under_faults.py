@@ -19,7 +19,6 @@ import time
 
 import asyncpg
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from tests.faults.lanes import (
@@ -31,7 +30,7 @@ from tests.faults.lanes import (
     unpublished,
 )
 from tests.support.faultproxy import FaultProxy
-from tests.support.kafka import read_topic
+from tests.support.kafka import create_topics, kafka_admin, read_topic
 from tests.support.order import Writer, assert_per_key_order
 from tests.support.processes import RelayProcess, Relays, redrive_all
 from tests.support.waiting import wait_until
@@ -86,28 +85,8 @@ async def _warm_up(db: asyncpg.Connection, writer: Writer, *events: tuple[str, s
     await _drained(db)
 
 
-async def _create_topic(bootstrap: str, topic: str, *, max_message_bytes: int) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics(
-            [
-                NewTopic(
-                    name=topic,
-                    num_partitions=1,
-                    replication_factor=1,
-                    topic_configs={"max.message.bytes": str(max_message_bytes)},
-                )
-            ]
-        )
-    finally:
-        await admin.close()
-
-
 async def _set_max_message_bytes(bootstrap: str, topic: str, value: int) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
+    async with kafka_admin(bootstrap) as admin:
         resource = ConfigResource(
             ConfigResourceType.TOPIC, topic, configs={"max.message.bytes": str(value)}
         )
@@ -121,8 +100,6 @@ async def _set_max_message_bytes(bootstrap: str, topic: str, value: int) -> None
             return any(e[0] == "max.message.bytes" and e[1] == str(value) for e in entries)
 
         await wait_until(applied, timeout=15, what=f"max.message.bytes={value} on {topic}")
-    finally:
-        await admin.close()
 
 
 def _report(label: str, relay: RelayProcess) -> None:
@@ -286,7 +263,7 @@ async def test_broker_rejection_with_later_records_pipelined_keeps_key_order(
     writer: Writer,
 ) -> None:
     topic = f"{topic_namespace}.orders"
-    await _create_topic(kafka_bootstrap, topic, max_message_bytes=4096)
+    await create_topics(kafka_bootstrap, [topic], configs={"max.message.bytes": "4096"})
     key = "order-1"
     await writer.commit(("orders", key, 8000))  # r1: over the topic's limit, under the relay's
     await writer.commit(("orders", key))  # r2
@@ -367,7 +344,7 @@ async def test_rejected_partition_batch_inside_one_submit_keeps_key_order(
     writer: Writer,
 ) -> None:
     topic = f"{topic_namespace}.orders"
-    await _create_topic(kafka_bootstrap, topic, max_message_bytes=1_000_000)
+    await create_topics(kafka_bootstrap, [topic], configs={"max.message.bytes": "1000000"})
     relay = relays.start("a", kafka_bootstrap, OUTBOX_RELAY_MAX_ATTEMPTS="1")
     await writer.commit(("orders", "warm-up"))
     await _drained(db)  # the relay has read the topic's limit: batches up to 256 KiB

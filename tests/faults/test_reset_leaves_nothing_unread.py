@@ -22,7 +22,7 @@ from relay.producer import ProducerKeeper
 from relay.publisher import Submission
 from relay.records import KafkaRecord
 from tests.support.faultproxy import FaultProxy
-from tests.unit.test_records import make_row
+from tests.support.rows import make_row
 
 pytestmark = pytest.mark.timeout(60)
 

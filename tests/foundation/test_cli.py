@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.foundation.support import (
+from tests.support.cli import (
     REPO,
     SHIPPED,
     assert_one_clean_error_line,

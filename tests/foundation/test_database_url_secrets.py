@@ -15,7 +15,7 @@ from urllib.parse import quote, urlsplit
 
 import pytest
 
-from tests.foundation.support import (
+from tests.support.cli import (
     REPO,
     CliResult,
     assert_one_clean_error_line,

@@ -11,8 +11,8 @@ from __future__ import annotations
 import aiokafka
 import pytest
 
-from tests.foundation.support import cli_env
 from tests.foundation.test_unexpected_errors import json_lines, planted, run_args
+from tests.support.cli import cli_env
 
 
 @pytest.mark.parametrize(

@@ -3,25 +3,13 @@
 from __future__ import annotations
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from tests.support.kafka import read_topic
-
-
-async def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics(
-            [NewTopic(name=topic, num_partitions=partitions, replication_factor=1)]
-        )
-    finally:
-        await admin.close()
+from tests.support.kafka import create_topics, read_topic
 
 
 async def test_produce_consume_round_trip(kafka_bootstrap: str, topic_namespace: str) -> None:
     topic = f"{topic_namespace}.roundtrip"
-    await _create_topic(kafka_bootstrap, topic, partitions=3)
+    await create_topics(kafka_bootstrap, [topic], partitions=3)
     producer = AIOKafkaProducer(
         bootstrap_servers=kafka_bootstrap, enable_idempotence=True, acks="all"
     )

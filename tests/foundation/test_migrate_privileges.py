@@ -9,7 +9,7 @@ import asyncpg
 import pytest
 
 from migrations.grants import SCORING_FUNCTIONS_OWNER
-from tests.foundation.support import (
+from tests.support.cli import (
     MIGRATIONS_DIR,
     SHIPPED,
     assert_one_clean_error_line,

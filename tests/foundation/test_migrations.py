@@ -22,7 +22,7 @@ from migrations.runner import (
     split_statements,
     verify,
 )
-from tests.foundation.support import MIGRATIONS_DIR, SHIPPED, run_cli
+from tests.support.cli import MIGRATIONS_DIR, SHIPPED, run_cli
 
 VERSIONS = [int(name[:4]) for name in SHIPPED]
 HEALTH_INDEXES = (

@@ -19,7 +19,7 @@ import pytest
 
 import outbox_relay.cli
 import outbox_relay.service
-from tests.foundation.support import REPO, cli_env
+from tests.support.cli import REPO, cli_env
 from tests.support.ports import free_port
 
 SECRET = "pl4nted-s3cret"

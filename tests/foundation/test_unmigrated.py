@@ -13,12 +13,7 @@ import pytest_asyncio
 from contracts.errors import SchemaNotMigrated
 from migrations.runner import apply, load_migrations, require_migrated, verify
 from relay.redrive import RedriveFilter, redrive
-from tests.foundation.support import (
-    MIGRATIONS_DIR,
-    SHIPPED,
-    assert_one_clean_error_line,
-    run_cli,
-)
+from tests.support.cli import MIGRATIONS_DIR, SHIPPED, assert_one_clean_error_line, run_cli
 
 
 @pytest_asyncio.fixture

@@ -27,21 +27,15 @@ from prometheus_client import CollectorRegistry
 
 import outbox_relay.cli as cli
 from health.sidecar import HealthSidecar
-from outbox_relay.options import (
-    OPTIONS,
-    Integer,
-    Option,
-    Repeated,
-    Switch,
-    Text,
-)
+from outbox_relay.flags import Integer, Option, Repeated, Switch, Text
+from outbox_relay.options import OPTIONS
 from outbox_relay.settings import HealthReportSettings, ServiceSettings, Settings
 from relay.config import RelayConfig
 from relay.engine import Relay
 from relay.metrics import RelayMetrics
 from relay.records import RecordMapper
-from tests.foundation.support import REPO, assert_one_clean_error_line, cli_env, run_cli
 from tests.fuzz.profiles import fuzz_settings
+from tests.support.cli import REPO, assert_one_clean_error_line, cli_env, run_cli
 
 POLICY = str(REPO / "docs" / "policy.example.toml")
 INT4_MAX = 2**31 - 1
@@ -75,13 +69,7 @@ async def built_instead_of_run(settings: Settings, seen: list[Settings]) -> int:
             RecordMapper(
                 topic_template=settings.relay.topic_template, ce_source=settings.relay.ce_source
             )
-        HealthSidecar(
-            database_url=settings.database_url,
-            policy=settings.policy,
-            listen=settings.listen,
-            registry=CollectorRegistry(),
-            receipt_retention_ms=settings.receipt_retention_ms,
-        )
+        HealthSidecar(settings.sidecar, registry=CollectorRegistry())
     return 0
 
 

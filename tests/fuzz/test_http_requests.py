@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from contracts.policy import EvaluationSettings, OutboxPolicy, Policy
+from health.config import SidecarConfig
 from health.sidecar import HealthSidecar
 from tests.fuzz.profiles import fuzz_settings
 
@@ -51,12 +52,14 @@ def policy() -> Policy:
 async def server(database_url: str) -> AsyncIterator[tuple[str, int]]:
     """A sidecar on an ephemeral port with its first evaluation done."""
     sidecar = HealthSidecar(
-        database_url=database_url,
-        policy=policy(),
-        listen=("127.0.0.1", 0),
+        SidecarConfig(
+            database_url=database_url,
+            policy=policy(),
+            listen=("127.0.0.1", 0),
+            receipt_retention_ms=86_400_000,
+            http_io_timeout_ms=int(IO_TIMEOUT_S * 1000),
+        ),
         registry=CollectorRegistry(),
-        receipt_retention_ms=86_400_000,
-        http_io_timeout=IO_TIMEOUT_S,
     )
     async with sidecar:
         task = asyncio.create_task(sidecar.run())

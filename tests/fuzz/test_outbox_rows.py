@@ -10,7 +10,6 @@ row the relay could publish must not be quarantined; the relay keeps running thr
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import re
@@ -24,13 +23,13 @@ from typing import Any
 import asyncpg
 import pytest_asyncio
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
 from contracts import limits
 from relay.records import MAX_RECORD_BYTES, RESERVED_HEADERS
 from tests.fuzz.profiles import fuzz_settings
+from tests.support.kafka import create_topics, kafka_admin
 from tests.support.relay import RunningRelay, fast_config, running_relay
 from tests.support.waiting import wait_until
 
@@ -106,22 +105,11 @@ class World:
         return f"{self.namespace}.{aggregatetype}"
 
 
-@contextlib.asynccontextmanager
-async def kafka_admin(bootstrap: str) -> AsyncIterator[AIOKafkaAdminClient]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        yield admin
-    finally:
-        await admin.close()
-
-
 @pytest_asyncio.fixture
 async def world(database_url: str, kafka_bootstrap: str) -> AsyncIterator[World]:
     namespace = f"fz{uuid.uuid4().hex[:10]}"
     topics = [f"{namespace}.{name}" for name in (*TYPES, "own")]
-    async with kafka_admin(kafka_bootstrap) as admin:
-        await admin.create_topics([NewTopic(t, PARTITIONS, 1) for t in topics])
+    await create_topics(kafka_bootstrap, topics, partitions=PARTITIONS)
     reader = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, enable_auto_commit=False)
     await reader.start()
     config = fast_config(database_url, kafka_bootstrap, namespace, max_attempts=1)

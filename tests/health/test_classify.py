@@ -20,7 +20,7 @@ from health.families.outbox import classify_outbox
 from health.families.relay import classify_relay
 from health.families.scoring_jobs import classify_scoring_jobs
 from health.rules import build_report, compose, mark_stale
-from tests.health.conftest import relay_policy
+from tests.support.policies import relay_policy
 
 W, S, U = Classification.WITHIN_BOUNDS, Classification.STALLED, Classification.UNKNOWN
 NOW = 1_800_000_000_000

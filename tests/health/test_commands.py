@@ -8,14 +8,8 @@ import json
 import asyncpg
 
 from health.commands import check, status
-from tests.health.conftest import (
-    RECEIPT_RETENTION_MS,
-    SECRET_MARK,
-    db_now,
-    insert_job,
-    loose_policy,
-    relay_policy,
-)
+from tests.support.health_rows import SECRET_MARK, db_now, insert_job
+from tests.support.policies import RECEIPT_RETENTION_MS, loose_policy, relay_policy
 from tests.support.ports import free_port
 
 

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from contracts.health import CompletionOutboxEvidence
 from contracts.policy import CompletionOutboxPolicy, Family
+from health.config import SidecarConfig
 from health.evaluate import evaluate
 from health.families.completion_outbox import probe_completion_outbox
 from health.families.completion_tracker import (
@@ -26,16 +27,9 @@ from health.families.completion_tracker import (
     CompletionTracker,
 )
 from health.sidecar import HealthSidecar
-from tests.health.conftest import (
-    RECEIPT_RETENTION_MS,
-    SECRET_MARK,
-    db_now,
-    insert_event,
-    insert_job,
-    insert_receipt,
-    loose_policy,
-)
+from tests.support.health_rows import SECRET_MARK, db_now, insert_event, insert_job, insert_receipt
 from tests.support.plans import plan_nodes
+from tests.support.policies import RECEIPT_RETENTION_MS, SIDECAR_RECHECK_MS, loose_policy
 
 
 def completion_policy(*, grace_ms: int = 0, lookback_ms: int = 86_400_000) -> Any:
@@ -56,7 +50,7 @@ async def full(db: asyncpg.Connection, policy: CompletionOutboxPolicy) -> Comple
 
 async def test_missing_event_found_after_grace_and_recovers(db: asyncpg.Connection) -> None:
     policy = completion_policy(grace_ms=300)
-    tracker = CompletionTracker(margin_ms=0)
+    tracker = CompletionTracker(recheck_period_ms=SIDECAR_RECHECK_MS, margin_ms=0)
     assert (await incremental(db, tracker, policy)).missing_count == 0  # first: full window
     job = await insert_job(db, "completed")  # updated_at = clock_timestamp(), as writers do
     assert (await incremental(db, tracker, policy)).missing_count == 0  # within grace
@@ -83,7 +77,7 @@ async def test_transaction_open_across_an_evaluation_is_not_skipped(
     db: asyncpg.Connection, database_url: str
 ) -> None:
     policy = completion_policy(grace_ms=0)
-    tracker = CompletionTracker(margin_ms=0)
+    tracker = CompletionTracker(recheck_period_ms=SIDECAR_RECHECK_MS, margin_ms=0)
     await incremental(db, tracker, policy)
     writer = await asyncpg.connect(database_url)
     try:
@@ -110,7 +104,7 @@ async def test_transaction_open_across_an_evaluation_is_not_skipped(
 
 async def test_job_leaving_the_look_back_window_drops_out(db: asyncpg.Connection) -> None:
     policy = completion_policy(grace_ms=0, lookback_ms=1500)
-    tracker = CompletionTracker(margin_ms=0)
+    tracker = CompletionTracker(recheck_period_ms=SIDECAR_RECHECK_MS, margin_ms=0)
     await incremental(db, tracker, policy)
     await insert_job(db, "completed")
     await asyncio.sleep(0.1)
@@ -155,7 +149,9 @@ async def test_covered_job_whose_pending_event_is_deleted_is_found_at_the_next_e
     db: asyncpg.Connection,
 ) -> None:
     policy = completion_policy(grace_ms=0)
-    tracker = CompletionTracker(margin_ms=0)  # the rolling re-check: once in six hours
+    tracker = CompletionTracker(
+        recheck_period_ms=SIDECAR_RECHECK_MS, margin_ms=0
+    )  # the rolling re-check: once in six hours
     job = await insert_job(db, "completed")
     await insert_event(db, aggregateid=job)
     await asyncio.sleep(0.05)
@@ -189,7 +185,7 @@ async def test_back_dated_job_below_the_watermark_is_found_within_the_recheck_pe
 
 async def test_state_resets_on_policy_change_and_probe_error(db: asyncpg.Connection) -> None:
     policy = completion_policy(grace_ms=0)
-    tracker = CompletionTracker(margin_ms=0)
+    tracker = CompletionTracker(recheck_period_ms=SIDECAR_RECHECK_MS, margin_ms=0)
     await incremental(db, tracker, policy)
     await incremental(db, tracker, policy)
     assert (tracker.full_checks, tracker.incremental_checks) == (1, 1)
@@ -208,7 +204,7 @@ async def test_over_the_remembered_bound_falls_back_to_the_full_check(
     db: asyncpg.Connection,
 ) -> None:
     policy = completion_policy(grace_ms=0)
-    tracker = CompletionTracker(margin_ms=0, max_remembered=3)
+    tracker = CompletionTracker(recheck_period_ms=SIDECAR_RECHECK_MS, margin_ms=0, max_remembered=3)
     for _ in range(5):
         await insert_job(db, "completed")
     await asyncio.sleep(0.05)
@@ -301,11 +297,13 @@ async def test_sidecar_evaluates_incrementally_and_serves_aggregates_only(
     database_url: str, db: asyncpg.Connection
 ) -> None:
     sidecar = HealthSidecar(
-        database_url=database_url,
-        policy=loose_policy(completion_outbox=completion_policy(grace_ms=0)),
-        listen=("127.0.0.1", 0),
+        SidecarConfig(
+            database_url=database_url,
+            policy=loose_policy(completion_outbox=completion_policy(grace_ms=0)),
+            listen=("127.0.0.1", 0),
+            receipt_retention_ms=RECEIPT_RETENTION_MS,
+        ),
         registry=CollectorRegistry(),
-        receipt_retention_ms=RECEIPT_RETENTION_MS,
     )
     async with sidecar:
         await sidecar.evaluate_once()
@@ -407,7 +405,7 @@ async def test_steady_state_runs_on_a_cached_plan(db: asyncpg.Connection) -> Non
     costs what an empty history costs.
     """
     await _fill_window(db, 20000)
-    tracker = CompletionTracker()
+    tracker = CompletionTracker(recheck_period_ms=SIDECAR_RECHECK_MS)
     policy = completion_policy(grace_ms=30_000)
     for _ in range(10):
         await insert_job(db, "completed")

@@ -18,15 +18,10 @@ from health.commands import check
 from health.families.completion_outbox import probe_completion_outbox
 from health.families.completion_tracker import CompletionTracker
 from health.sidecar import HealthSidecar
-from tests.health.conftest import (
-    RECEIPT_RETENTION_MS,
-    insert_event,
-    insert_job,
-    insert_receipt,
-    loose_policy,
-)
 from tests.health.test_http import running
+from tests.support.health_rows import insert_event, insert_job, insert_receipt
 from tests.support.http import get
+from tests.support.policies import RECEIPT_RETENTION_MS, SIDECAR_RECHECK_MS, loose_policy
 
 # At a grace of 1 s or more the horizon margin is nothing: a job is below the watermark
 # the first time it is checked, the hardest case for a deletion that follows.
@@ -134,7 +129,7 @@ async def test_published_pending_event_stays_covered_and_is_no_longer_rechecked(
     db: asyncpg.Connection,
 ) -> None:
     policy = completion_policy()
-    tracker = CompletionTracker(margin_ms=0)
+    tracker = CompletionTracker(recheck_period_ms=SIDECAR_RECHECK_MS, margin_ms=0)
     await incremental(db, tracker, policy)  # first: the full window
     job = await insert_job(db, "completed")
     await insert_event(db, aggregateid=job)
@@ -162,7 +157,7 @@ async def test_missing_job_covered_late_by_a_pending_event_is_still_rechecked(
     """A remembered missing job that gets a pending event moves to the provisional refs, so
     a deletion of that event is found at once too."""
     policy = completion_policy()
-    tracker = CompletionTracker(margin_ms=0)
+    tracker = CompletionTracker(recheck_period_ms=SIDECAR_RECHECK_MS, margin_ms=0)
     await incremental(db, tracker, policy)
     job = await insert_job(db, "completed")
     await asyncio.sleep(0.05)
@@ -179,7 +174,9 @@ async def test_over_the_provisional_bound_falls_back_to_the_full_check(
     db: asyncpg.Connection,
 ) -> None:
     policy = completion_policy()
-    tracker = CompletionTracker(margin_ms=0, max_provisional=3)
+    tracker = CompletionTracker(
+        recheck_period_ms=SIDECAR_RECHECK_MS, margin_ms=0, max_provisional=3
+    )
     await incremental(db, tracker, policy)
     jobs = [await insert_job(db, "completed") for _ in range(3)]
     for job in jobs:

@@ -23,17 +23,12 @@ from contracts.policy import (
     Policy,
     ScoringJobsPolicy,
 )
+from health.config import SidecarConfig
 from health.errors import ListenError
 from health.sidecar import HealthSidecar
-from tests.health.conftest import (
-    RECEIPT_RETENTION_MS,
-    SECRET_MARK,
-    db_now,
-    insert_event,
-    insert_job,
-    loose_policy,
-)
+from tests.support.health_rows import SECRET_MARK, db_now, insert_event, insert_job
 from tests.support.http import Reply, exchange, get
+from tests.support.policies import RECEIPT_RETENTION_MS, loose_policy
 from tests.support.ports import free_port
 
 ALL_PATHS = ("/livez", "/readyz", "/health", "/metrics", "/")
@@ -44,14 +39,15 @@ async def running(
     database_url: str | None, policy: Policy | None = None, **kwargs: Any
 ) -> AsyncIterator[HealthSidecar]:
     """A sidecar serving on an ephemeral port, with its first evaluation done."""
-    sidecar = HealthSidecar(
+    relay = kwargs.pop("relay", None)
+    config = SidecarConfig(
         database_url=database_url,
         policy=policy or loose_policy(),
         listen=("127.0.0.1", 0),
-        registry=CollectorRegistry(),
         receipt_retention_ms=RECEIPT_RETENTION_MS,
         **kwargs,
     )
+    sidecar = HealthSidecar(config, registry=CollectorRegistry(), relay=relay)
     async with sidecar:
         task = asyncio.create_task(sidecar.run())
         try:
@@ -283,11 +279,13 @@ async def test_stale_evidence_is_served_as_unknown(database_url: str) -> None:
         evaluation=EvaluationSettings(interval_ms=10, timeout_ms=2000, max_evidence_age_ms=50)
     )
     sidecar = HealthSidecar(
-        database_url=database_url,
-        policy=policy,
-        listen=("127.0.0.1", 0),
+        SidecarConfig(
+            database_url=database_url,
+            policy=policy,
+            listen=("127.0.0.1", 0),
+            receipt_retention_ms=RECEIPT_RETENTION_MS,
+        ),
         registry=CollectorRegistry(),
-        receipt_retention_ms=RECEIPT_RETENTION_MS,
     )
     async with sidecar:
         # Evaluate once and never again, as if the loop had hung.
@@ -333,9 +331,9 @@ async def test_bind_failure_is_a_typed_one_line_error(database_url: str) -> None
         taken.listen()
         port = taken.getsockname()[1]
         sidecar = HealthSidecar(
-            database_url=database_url,
-            policy=loose_policy(),
-            listen=("127.0.0.1", port),
+            SidecarConfig(
+                database_url=database_url, policy=loose_policy(), listen=("127.0.0.1", port)
+            ),
             registry=CollectorRegistry(),
         )
         with pytest.raises(ListenError) as caught:
@@ -372,7 +370,7 @@ async def test_malformed_and_oversized_requests_get_400(database_url: str, raw: 
 
 
 async def test_slow_clients_are_dropped_and_others_are_served(database_url: str) -> None:
-    async with running(database_url, http_io_timeout=0.3) as sidecar:
+    async with running(database_url, http_io_timeout_ms=300) as sidecar:
         loop = asyncio.get_running_loop()
         slow = []
         for _ in range(3):

@@ -13,12 +13,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from contracts.errors import ConfigError
+from health.config import SidecarConfig
 from health.sidecar import HealthSidecar
-from tests.health.conftest import loose_policy
 from tests.health.test_http import running
-from tests.support.http import Reply, exchange, get
-
-PROMPT_S = 2.0  # a generous bound for a probe on a busy 2-core machine
+from tests.support.http import PROMPT_S, Reply, exchange, get
+from tests.support.policies import loose_policy
 
 
 async def timed_livez(address: tuple[str, int]) -> tuple[Reply | BaseException, float]:
@@ -225,11 +224,13 @@ async def test_absolute_form_target_is_served_like_its_path(database_url: str) -
 
 
 async def test_connection_cap_below_one_is_a_config_error(database_url: str) -> None:
-    with pytest.raises(ConfigError, match="connection cap"):
+    with pytest.raises(ConfigError, match="--http-max-connections must be a positive integer"):
         HealthSidecar(
-            database_url=database_url,
-            policy=loose_policy(),
-            listen=("127.0.0.1", 0),
+            SidecarConfig(
+                database_url=database_url,
+                policy=loose_policy(),
+                listen=("127.0.0.1", 0),
+                http_max_connections=0,
+            ),
             registry=CollectorRegistry(),
-            http_max_connections=0,
         )

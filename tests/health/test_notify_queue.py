@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from contracts.policy import Policy
 from tests.health.test_http import running
-from tests.security.roles import create_login_role, drop_role
 from tests.support.http import get
+from tests.support.roles import create_login_role, drop_role
 from tests.support.waiting import wait_until
 
 GAUGE = "outbox_relay_notification_queue_usage_ratio"

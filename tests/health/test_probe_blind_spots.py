@@ -15,11 +15,10 @@ from contracts.policy import CompletionOutboxPolicy, Family, OutboxPolicy
 from health.commands import check, status
 from health.evaluate import evaluate
 from health.families.completion_tracker import CompletionTracker
-from tests.health.conftest import (
+from tests.support.health_rows import db_now, insert_event, insert_job
+from tests.support.policies import (
     RECEIPT_RETENTION_MS,
-    db_now,
-    insert_event,
-    insert_job,
+    SIDECAR_RECHECK_MS,
     loose_policy,
     relay_policy,
 )
@@ -140,7 +139,11 @@ async def test_a_future_terminal_updated_at_is_unknown_for_completion(
     completion = CompletionOutboxPolicy(
         grace_ms=0, lookback_ms=86_400_000, max_missing_count=0, gates_readiness=True
     )
-    tracker = CompletionTracker(margin_ms=0) if incremental else None
+    tracker = (
+        CompletionTracker(recheck_period_ms=SIDECAR_RECHECK_MS, margin_ms=0)
+        if incremental
+        else None
+    )
     first = await results(db, completion=tracker, completion_outbox=completion)
     assert first[Family.COMPLETION_OUTBOX].classification is W
     await insert_job(db, "completed", updated_at=await db_now(db) + HOUR)

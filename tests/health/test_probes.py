@@ -24,16 +24,9 @@ from health.families.scoring_jobs import (
     probe_scoring_jobs,
 )
 from migrations.runner import apply, load_migrations
-from tests.health.conftest import (
-    RECEIPT_RETENTION_MS,
-    db_now,
-    insert_event,
-    insert_job,
-    insert_receipt,
-    loose_policy,
-    relay_policy,
-)
+from tests.support.health_rows import db_now, insert_event, insert_job, insert_receipt
 from tests.support.plans import plan_nodes
+from tests.support.policies import RECEIPT_RETENTION_MS, loose_policy, relay_policy
 
 W, S, U = Classification.WITHIN_BOUNDS, Classification.STALLED, Classification.UNKNOWN
 HOUR = dt.timedelta(hours=1)

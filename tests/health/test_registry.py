@@ -12,7 +12,7 @@ from contracts.health import Evidence, OutboxEvidence, RelayEvidence
 from contracts.policy import Family, FamilyPolicy, Policy
 from health.families import REGISTRY
 from health.families.base import FamilySpec
-from tests.health.conftest import loose_policy, relay_policy
+from tests.support.policies import loose_policy, relay_policy
 
 NOW = 1_800_000_000_000
 

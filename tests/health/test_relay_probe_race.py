@@ -20,7 +20,7 @@ import asyncpg
 
 from contracts.health import Classification
 from health.families.relay import classify_relay, probe_relay
-from tests.health.conftest import relay_policy
+from tests.support.policies import relay_policy
 
 GATE_KEY = 727_271
 

@@ -21,9 +21,10 @@ import pytest
 from contracts.policy import EvaluationSettings
 from migrations.runner import apply, load_migrations
 from pgconnect.schema import SCHEMA_BEHIND
-from tests.health.conftest import SECRET_MARK, loose_policy
 from tests.health.test_http import running
+from tests.support.health_rows import SECRET_MARK
 from tests.support.http import get
+from tests.support.policies import loose_policy
 from tests.support.ports import free_port
 
 RETRY_MAX_MS = 800

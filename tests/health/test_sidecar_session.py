@@ -21,6 +21,7 @@ import pytest_asyncio
 from prometheus_client import CollectorRegistry
 
 from contracts.policy import CompletionOutboxPolicy, Family
+from health.config import SidecarConfig
 from health.families.completion_outbox import COMPLETION_OUTBOX_PROBE, probe_completion_outbox
 from health.families.completion_tracker import (
     COMPLETION_HORIZON,
@@ -34,14 +35,14 @@ from health.families.scoring_jobs import SCORING_JOBS_PROBE
 from health.notify_queue import QUEUE_USAGE
 from health.sidecar import SIDECAR_SESSION_SETTINGS, HealthSidecar
 from pgconnect import connection_options
-from tests.health.conftest import (
+from tests.support.health_rows import insert_event, insert_job
+from tests.support.plans import plan_nodes
+from tests.support.policies import (
     RECEIPT_RETENTION_MS,
-    insert_event,
-    insert_job,
+    SIDECAR_RECHECK_MS,
     loose_policy,
     relay_policy,
 )
-from tests.support.plans import plan_nodes
 
 
 def _policy(grace_ms: int = 0) -> CompletionOutboxPolicy:
@@ -127,7 +128,9 @@ async def test_open_transaction_rule_holds_without_the_checks_transaction(
     the two statements take their snapshots in order, the read's first, is asyncpg's: each
     call returns before the next is sent.)"""
     policy = _policy(grace_ms=0)
-    tracker = CompletionTracker(margin_ms=0, session_plans=True)
+    tracker = CompletionTracker(
+        recheck_period_ms=SIDECAR_RECHECK_MS, margin_ms=0, session_plans=True
+    )
     await tracker.probe(sidecar_db, policy, receipt_retention_ms=RECEIPT_RETENTION_MS)
     writer = await asyncpg.connect(database_url)
     try:
@@ -174,11 +177,13 @@ async def test_steady_state_evaluation_sends_only_its_statements(
     statements: list[str] = []
     _logging_pools(monkeypatch, statements)
     sidecar = HealthSidecar(
-        database_url=database_url,
-        policy=loose_policy(completion_outbox=_policy(grace_ms=0), relay=relay_policy()),
-        listen=("127.0.0.1", 0),
+        SidecarConfig(
+            database_url=database_url,
+            policy=loose_policy(completion_outbox=_policy(grace_ms=0), relay=relay_policy()),
+            listen=("127.0.0.1", 0),
+            receipt_retention_ms=RECEIPT_RETENTION_MS,
+        ),
         registry=CollectorRegistry(),
-        receipt_retention_ms=RECEIPT_RETENTION_MS,
     )
     async with sidecar:
         await sidecar.evaluate_once()  # the first: a full check

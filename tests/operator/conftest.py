@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.operator.support import Stack, write_policy
+from tests.operator.stack import Stack, write_policy
 
 
 @pytest.fixture

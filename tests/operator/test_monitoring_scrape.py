@@ -15,8 +15,8 @@ import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.http import get
+from tests.support.monitoring_kit import PROMETHEUS_SERIES, dashboard_exprs, metric_names, rules
 from tests.support.ports import free_port
-from tests.unit.test_monitoring_kit import PROMETHEUS_SERIES, dashboard_exprs, metric_names, rules
 
 REPO = Path(__file__).resolve().parents[2]
 HEALTH_DOC = REPO / "docs" / "health.md"

@@ -12,7 +12,7 @@ from contracts.health import Classification, FamilyResult
 from contracts.policy import Family
 from health.families.relay import while_starting
 from health.rules import build_report
-from tests.operator.support import PORT_BASE, Stack, health, instance_id, running
+from tests.operator.stack import PORT_BASE, Stack, health, instance_id, running
 from tests.support.waiting import wait_until_blocking
 
 

@@ -22,9 +22,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from health.history import WINDOW_MS
-from tests.health.conftest import insert_job
 from tests.operator.browser import Rendered, chromium, render
-from tests.operator.support import PORT_BASE, Stack, fetch, header, health, running
+from tests.operator.stack import PORT_BASE, Stack, fetch, header, health, running
+from tests.support.health_rows import insert_job
 from tests.support.waiting import wait_until_blocking
 
 SCREENSHOT_ENV = "OUTBOX_RELAY_STATUS_SCREENSHOT"

@@ -11,9 +11,12 @@ from contracts.health import Classification, FamilyResult, HealthReport, Scoring
 from contracts.policy import Family, ScoringJobsPolicy
 from health.families.base import Measurement
 from health.history import WINDOW_MS, History
-from health.render import duration, health_document, in_words, label, status_page, status_table
+from health.render.document import health_document
+from health.render.page import status_page
+from health.render.table import status_table
+from health.render.words import duration, in_words, label
 from health.rules import build_report
-from tests.health.conftest import loose_policy
+from tests.support.policies import loose_policy
 
 NOW = 1_800_000_000_000
 POLICY = loose_policy(

@@ -20,7 +20,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from tests.operator.support import write_policy
+from tests.operator.stack import write_policy
 
 CLEAR = b"\x1b[H\x1b[2J"
 COLOUR = b"\x1b[32m"  # within_bounds

@@ -4,8 +4,8 @@ seq is taken at INSERT, not at COMMIT: with concurrent writers a transaction can
 row below seqs the relay has already read. The trigger's notification names the lowest and
 highest seq each inserting statement wrote (migration 0004); the relay reads from its
 cursor, goes back below the lowest seq notified, and sends only rows it has heard of
-(docs/relay.md, "Fetching: passes"). The poll interval is a minute in these tests, so only
-notifications can deliver the late rows in time.
+(docs/relay.md, "Fetching: passes and the key hold"). The poll interval is a minute in
+these tests, so only notifications can deliver the late rows in time.
 """
 
 from __future__ import annotations

@@ -26,10 +26,10 @@ from contracts.limits import (
 )
 from relay.records import OutboxRow
 from relay.store import RelayStore
-from tests.security.roles import create_login_role, drop_role, grant
 from tests.support.faultproxy import proxied_database_url
 from tests.support.kafka import read_topic
 from tests.support.relay import fast_config, running_relay
+from tests.support.roles import create_login_role, drop_role, grant
 from tests.support.schema import BEFORE_THE_DOOR, migrate_the_rest, migrate_up_to
 from tests.support.waiting import wait_until
 

@@ -16,10 +16,10 @@ from aiokafka import AIOKafkaProducer
 
 from examples.scoring_consumer import consume
 from scoring.writer import EventDetails, complete_job, fail_job_permanently
-from tests.scoring.support import leased_job
 from tests.support.consumer_kit import errors, headers_validator, outcome_validator
 from tests.support.kafka import read_topic
 from tests.support.relay import fast_config, running_relay
+from tests.support.scoring_jobs import leased_job
 
 JOBS = 6  # four completed, two failed, for two tenants
 

@@ -19,10 +19,10 @@ import pytest
 from relay.passes import QUIET_MS
 from relay.records import MAX_RECORD_BYTES
 from relay.store import RelayStore
-from tests.security.roles import create_login_role, drop_role, grant
 from tests.support.faultproxy import FaultProxy, proxied_database_url
 from tests.support.kafka import read_topic as consume
 from tests.support.relay import fast_config, running_relay
+from tests.support.roles import create_login_role, drop_role, grant
 from tests.support.schema import BEFORE_THE_DOOR, migrate_the_rest, migrate_up_to
 from tests.support.waiting import wait_until
 

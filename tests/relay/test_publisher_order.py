@@ -8,7 +8,6 @@ from collections.abc import Container
 
 import pytest
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from relay.config import RelayConfig
 from relay.errors import PredecessorFailed
@@ -16,28 +15,10 @@ from relay.publisher import BatchPublisher, Submission
 from relay.records import Hold, KafkaRecord
 from relay.retry import HELD_BEHIND_FAILURE, RECORD_TOO_LARGE, classify_failure
 from relay.topics import TopicCatalog
-from tests.support.kafka import read_topic
-from tests.unit.test_records import make_row
+from tests.support.kafka import create_topics, read_topic
+from tests.support.rows import make_row
 
 _LIMIT = 2_000  # the topic's max.message.bytes: one 4 KiB record is too large
-
-
-async def _topic(bootstrap: str, name: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics(
-            [
-                NewTopic(
-                    name=name,
-                    num_partitions=1,
-                    replication_factor=1,
-                    topic_configs={"max.message.bytes": str(_LIMIT)},
-                )
-            ]
-        )
-    finally:
-        await admin.close()
 
 
 class _LimitsUnreadable(TopicCatalog):
@@ -81,7 +62,7 @@ async def test_a_rejected_batch_is_not_overtaken_by_the_next_of_its_partition(
     kafka_bootstrap: str, topic_namespace: str, first_write: bool
 ) -> None:
     topic = f"{topic_namespace}.small"
-    await _topic(kafka_bootstrap, topic)
+    await create_topics(kafka_bootstrap, [topic], configs={"max.message.bytes": str(_LIMIT)})
     producer = AIOKafkaProducer(
         bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=True
     )
@@ -118,7 +99,7 @@ async def test_a_partition_sends_again_once_its_failed_keys_are_held(
     kafka_bootstrap: str, topic_namespace: str
 ) -> None:
     topic = f"{topic_namespace}.small"
-    await _topic(kafka_bootstrap, topic)
+    await create_topics(kafka_bootstrap, [topic], configs={"max.message.bytes": str(_LIMIT)})
     producer = AIOKafkaProducer(
         bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=True
     )

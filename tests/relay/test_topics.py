@@ -10,10 +10,9 @@ import time
 
 import asyncpg
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from tests.support.kafka import read_topic
+from tests.support.kafka import create_topics, kafka_admin, read_topic
 from tests.support.relay import INSERT, RunningRelay, fast_config, running_relay
 from tests.support.waiting import wait_until
 
@@ -27,15 +26,6 @@ JOIN LATERAL (
 ) AS w ON true
 LEFT JOIN outbox_receipt r ON r.id = w_id.id
 """
-
-
-async def _create_topics(bootstrap: str, topics: list[NewTopic]) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics(topics)
-    finally:
-        await admin.close()
 
 
 async def _write_steadily(
@@ -66,7 +56,7 @@ async def test_a_missing_topic_stalls_only_its_own_rows_and_is_quarantined(
     # The broker here creates topics on first use. This name collides with an existing
     # topic ('.' and '_' map to the same metric name), so the broker refuses to create
     # it and answers UNKNOWN_TOPIC_OR_PARTITION, as a broker without auto-creation does.
-    await _create_topics(kafka_bootstrap, [NewTopic(f"{topic_namespace}.miss_ing", 1, 1)])
+    await create_topics(kafka_bootstrap, [f"{topic_namespace}.miss_ing"])
     missing = f"{topic_namespace}.miss.ing"
     config = fast_config(
         database_url,
@@ -128,14 +118,10 @@ _SMALL_LIMIT = 16_384  # max.message.bytes of the test's topic, far below the 25
 
 
 async def _alter_limit(bootstrap: str, topic: str, limit: int) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
+    async with kafka_admin(bootstrap) as admin:
         await admin.alter_configs(
             [ConfigResource(ConfigResourceType.TOPIC, topic, {"max.message.bytes": str(limit)})]
         )
-    finally:
-        await admin.close()
 
 
 async def _insert_sized(db: asyncpg.Connection, count: int, prefix: str, size: int) -> None:
@@ -164,10 +150,7 @@ async def test_batches_fit_the_topic_and_only_a_record_too_large_alone_is_quaran
     db: asyncpg.Connection, database_url: str, kafka_bootstrap: str, topic_namespace: str
 ) -> None:
     topic = f"{topic_namespace}.small"
-    await _create_topics(
-        kafka_bootstrap,
-        [NewTopic(topic, 1, 1, topic_configs={"max.message.bytes": str(_SMALL_LIMIT)})],
-    )
+    await create_topics(kafka_bootstrap, [topic], configs={"max.message.bytes": str(_SMALL_LIMIT)})
     await _insert_sized(db, 200, "a", 1_000)
     await db.execute(INSERT, "small", "huge", "t", json.dumps({"pad": "x" * 20_000}))
     config = fast_config(database_url, kafka_bootstrap, topic_namespace, max_attempts=2)
@@ -221,10 +204,7 @@ async def test_the_topics_the_relay_tracks_are_bounded(
     from relay.topics import TopicCatalog
 
     monkeypatch.setattr(relay.topics, "MAX_TRACKED_TOPICS", 3)
-    await _create_topics(
-        kafka_bootstrap,
-        [NewTopic(f"{topic_namespace}.t{n}", 1, 1) for n in range(5)],
-    )
+    await create_topics(kafka_bootstrap, [f"{topic_namespace}.t{n}" for n in range(5)])
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
     await producer.start()
     catalog = TopicCatalog(RelayConfig(database_url=None, kafka_bootstrap=kafka_bootstrap))
@@ -274,7 +254,7 @@ async def test_rows_over_more_missing_topics_than_are_tracked_end_as_unknown_top
 
     count = 2 * relay.topics.MAX_TRACKED_TOPICS
     base = f"{topic_namespace}_c_c_c_c_c_c_c_c_c_c_c"
-    await _create_topics(kafka_bootstrap, [NewTopic(base, 1, 1)])
+    await create_topics(kafka_bootstrap, [base])
     missing = _colliding_names(base, count)
     await db.executemany(
         "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, topic) "
@@ -323,7 +303,7 @@ async def test_negative_entries_are_bounded_apart_from_the_tracked_topics_and_ex
     monkeypatch.setattr(relay.topics, "MAX_MISSING_TOPICS", 3)
     monkeypatch.setattr(relay.topics, "FIRST_LOOKUP_WAIT_S", 0.1)
     base = f"{topic_namespace}_c_c_c"
-    await _create_topics(kafka_bootstrap, [NewTopic(base, 1, 1)])
+    await create_topics(kafka_bootstrap, [base])
     names = _colliding_names(base, 4)
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
     await producer.start()

@@ -12,7 +12,7 @@ import pytest_asyncio
 
 from scoring.worker import ClaimedJob
 from scoring.writer import CompletionOutcome, EventDetails, complete_job
-from tests.scoring.support import leased_job
+from tests.support.scoring_jobs import leased_job
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 

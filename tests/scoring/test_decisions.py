@@ -31,7 +31,7 @@ from scoring.writer import (
     complete_job,
     fail_job_permanently,
 )
-from tests.scoring.support import events, job
+from tests.support.scoring_jobs import events, job
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ from scoring.errors import InvalidArgument
 from scoring.worker import ClaimedJob, claim_next_due, expire_leases
 from scoring.writer import Enqueue, EventDetails
 from tests.scoring.conftest import CompleteClaimed
-from tests.scoring.support import COMPLETION, OUTCOMES, Outcome, events, expire_lease, job
+from tests.support.scoring_jobs import COMPLETION, OUTCOMES, Outcome, events, expire_lease, job
 
 # The scoring service's own enqueue takes any ref its CHECKs allow; this is its statement.
 SCORING_SERVICE_ENQUEUE_SQL = """

@@ -28,10 +28,10 @@ from scoring.store import REQUIRED_MIGRATION
 from scoring.worker import expire_leases, fail_retryable
 from scoring.writer import Enqueue, EventDetails, complete_job, fail_job_permanently
 from tests.scoring.conftest import CompleteClaimed
-from tests.scoring.support import events, job, leased_job
 from tests.scoring.test_decisions import EXPIRED_LAST_ATTEMPT, LEASED, put
-from tests.security import matrix
-from tests.security.roles import create_login_role, drop_role, grant, privilege_matrix
+from tests.support import expected_privileges
+from tests.support.roles import create_login_role, drop_role, grant, privilege_matrix
+from tests.support.scoring_jobs import events, job, leased_job
 from tests.support.services import PostgresServer, drop_database, scratch_database, with_database
 
 CALLS = {signature.split("(")[0] for signature in EXECUTE}
@@ -77,8 +77,10 @@ async def test_their_owner_holds_exactly_the_writer_part_on_the_tables(
     db: asyncpg.Connection,
 ) -> None:
     held = await privilege_matrix(db, SCORING_FUNCTIONS_OWNER)
-    tables = [key for key in matrix.WRITER if not key.startswith(("function ", "schema "))]
-    assert {t: held[t] for t in tables} == {t: matrix.WRITER[t] for t in tables}
+    tables = [
+        key for key in expected_privileges.WRITER if not key.startswith(("function ", "schema "))
+    ]
+    assert {t: held[t] for t in tables} == {t: expected_privileges.WRITER[t] for t in tables}
 
 
 async def test_a_role_with_only_the_scoring_worker_part_completes_a_job(

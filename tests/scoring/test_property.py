@@ -18,7 +18,7 @@ from scoring.errors import ConflictingReplay, ScoringWriteError
 from scoring.event_id import OutcomeKind, terminal_event_id
 from scoring.worker import claim_next_due, enqueue_job, expire_leases, fail_retryable
 from scoring.writer import EventDetails, complete_job, fail_job_permanently
-from tests.scoring.support import PUBLISH_SQL
+from tests.support.scoring_jobs import PUBLISH_SQL
 
 JOBS = ("job-a", "job-b", "job-c")
 DETAILS = EventDetails(

@@ -22,7 +22,7 @@ from scoring.writer import (
     complete_job,
     fail_job_permanently,
 )
-from tests.scoring.support import events, expire_lease, job, leased_job
+from tests.support.scoring_jobs import events, expire_lease, job, leased_job
 
 WAITING_ON_LOCK_SQL = """
 SELECT count(*) FROM pg_stat_activity

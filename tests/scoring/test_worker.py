@@ -19,7 +19,7 @@ from scoring.worker import (
     fail_retryable,
 )
 from scoring.writer import Enqueue, EventDetails, Failure, FailureOutcome
-from tests.scoring.support import COMPLETION, FAILURE, events, expire_lease, job, leased_job
+from tests.support.scoring_jobs import COMPLETION, FAILURE, events, expire_lease, job, leased_job
 
 CLOCK_SQL = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 

@@ -25,7 +25,7 @@ from scoring.event_id import OutcomeKind, terminal_event_id
 from scoring.worker import ClaimedJob, claim_next_due, enqueue_job, expire_leases
 from scoring.writer import DEFAULT_MAX_EVENT_BYTES, Completion, Enqueue, EventDetails
 from tests.scoring.conftest import TRACEPARENT, CompleteClaimed
-from tests.scoring.support import (
+from tests.support.scoring_jobs import (
     COMPLETION,
     OUTCOMES,
     Outcome,

@@ -8,9 +8,9 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
-from tests.security.roles import LoginRole, create_login_role, drop_role
-from tests.security.tls import service_file
+from tests.support.roles import LoginRole, create_login_role, drop_role
 from tests.support.services import PostgresServer
+from tests.support.tls import service_file
 
 MakeRole = Callable[[str], Awaitable[LoginRole]]
 

@@ -17,9 +17,9 @@ from scoring.worker import claim_next_due, enqueue_job
 from scoring.writer import EventDetails, complete_job
 from tests.security.conftest import MakeRole
 from tests.security.process import run_cli
-from tests.security.roles import grant
 from tests.support.kafka import read_topic
 from tests.support.relay import fast_config, running_relay
+from tests.support.roles import grant
 from tests.support.waiting import wait_until
 
 DENIED = asyncpg.InsufficientPrivilegeError

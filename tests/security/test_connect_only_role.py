@@ -9,9 +9,9 @@ import asyncio
 import asyncpg
 
 from migrations.grants import PUBLIC_FUNCTIONS
-from tests.security import matrix
 from tests.security.conftest import MakeRole
-from tests.security.roles import NONE, grant, privilege_matrix
+from tests.support import expected_privileges
+from tests.support.roles import NONE, grant, privilege_matrix
 
 INSERT = (
     "INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('a', $1, 't', '{}')"
@@ -29,7 +29,7 @@ async def test_it_holds_nothing_on_the_relays_objects(
     # (and EXECUTE on the function through which the door reads an inserting role's routes)
     public = {"schema public": "USAGE", **{f"function {f}": "EXECUTE" for f in PUBLIC_FUNCTIONS}}
     assert await privilege_matrix(db, nobody.name) == {
-        name: public.get(name, NONE) for name in matrix.RELAY
+        name: public.get(name, NONE) for name in expected_privileges.RELAY
     }
     conn = await asyncpg.connect(nobody.url)
     try:

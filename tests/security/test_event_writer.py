@@ -18,33 +18,18 @@ from contracts.policy import Family
 from health.commands import evaluate_once
 from scoring.worker import claim_next_due, enqueue_job
 from scoring.writer import EventDetails, complete_job
-from tests.health.conftest import RECEIPT_RETENTION_MS, loose_policy
-from tests.security import matrix
 from tests.security.conftest import MakeRole
 from tests.security.process import run_cli
-from tests.security.roles import grant, privilege_matrix
+from tests.support import expected_privileges
 from tests.support.kafka import read_topic
+from tests.support.policies import RECEIPT_RETENTION_MS, loose_policy
 from tests.support.relay import fast_config, running_relay
+from tests.support.roles import grant, privilege_matrix
 from tests.support.waiting import wait_until
 
 DENIED = asyncpg.InsufficientPrivilegeError
 
-# DESIGN §3.1, written out by hand: the core columns and the optional ones a writer may set.
-CONTRACT = (
-    "id",
-    "aggregatetype",
-    "aggregateid",
-    "type",
-    "payload",
-    "tenant_ref",
-    "schema_version",
-    "correlation_ref",
-    "causation_ref",
-    "traceparent",
-    "tracestate",
-    "headers",
-    "topic",
-)
+CONTRACT = expected_privileges.EVENT_WRITER_COLUMNS
 # What the relay owns today; the catalog may name more, never fewer.
 RELAY_OWNED = {
     "seq",
@@ -125,7 +110,7 @@ async def test_the_part_holds_exactly_its_matrix(
 ) -> None:
     role = await make_role("evw")
     await grant(database_url, role.name, "event-writer")
-    assert await privilege_matrix(db, role.name) == matrix.EVENT_WRITER
+    assert await privilege_matrix(db, role.name) == expected_privileges.EVENT_WRITER
 
 
 async def test_every_column_outside_the_contract_is_refused(
@@ -394,7 +379,7 @@ async def test_cli_grants_the_part(
     assert done.stdout.splitlines()[0] == (
         f"role {role.name} now holds exactly what event-writer needs on this database's objects"
     )
-    assert await privilege_matrix(db, role.name) == matrix.EVENT_WRITER
+    assert await privilege_matrix(db, role.name) == expected_privileges.EVENT_WRITER
     # The scoring service's part and this one on one role: the wider writer wins.
     await grant(database_url, role.name, "writer", "event-writer")
-    assert await privilege_matrix(db, role.name) == matrix.WRITER
+    assert await privilege_matrix(db, role.name) == expected_privileges.WRITER

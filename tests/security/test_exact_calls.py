@@ -40,7 +40,6 @@ from migrations.grants import PARTS, SchemaFacts, WriterRoutes, plan_grants, ren
 from migrations.runner import apply, load_migrations
 from pgconnect import ARRAY_TYPES, connect, create_pool, pool_options
 from tests.security.conftest import MakeRole
-from tests.security.roles import grant
 from tests.support.exact_calls import (
     BOUND_TO,
     SHADOW_SCHEMA,
@@ -56,6 +55,7 @@ from tests.support.exact_calls import (
     source_literals,
 )
 from tests.support.node_trees import read_tree, resolved_oids
+from tests.support.roles import grant
 from tests.support.services import (
     PostgresServer,
     drop_database,

@@ -10,10 +10,10 @@ import pytest
 
 from migrations.excess import Excess, find_excess, render_excess
 from migrations.grants import Privilege, needed_privileges
-from tests.security import matrix
 from tests.security.conftest import MakeRole
 from tests.security.process import run_cli
-from tests.security.roles import grant, privilege_matrix
+from tests.support import expected_privileges
+from tests.support.roles import grant, privilege_matrix
 
 EXIT_EXCESS = 1
 EXIT_REFUSED = 2
@@ -69,10 +69,10 @@ async def test_excess_from_public_a_grantor_and_a_membership_is_named_never_exac
         "  outbox: SELECT (from PUBLIC)",
         f"  outbox: SELECT, INSERT (through role {writer.name})",
         f"  outbox_receipt: SELECT (through role {writer.name})",
-        f"  scoring_job_state: {matrix.WRITER['scoring_job_state']} (through role {writer.name})",
+        f"  scoring_job_state: {expected_privileges.WRITER['scoring_job_state']} (through role {writer.name})",
     ]
     held = await privilege_matrix(db, b.name)
-    assert held["scoring_job_state"] == matrix.WRITER["scoring_job_state"]
+    assert held["scoring_job_state"] == expected_privileges.WRITER["scoring_job_state"]
 
     # Once the sources are gone, grant says "exactly" again and exits 0.
     await db.execute("REVOKE SELECT ON outbox FROM PUBLIC")
@@ -87,7 +87,7 @@ async def test_excess_from_public_a_grantor_and_a_membership_is_named_never_exac
                 "database's objects"
             ],
         ), stderr
-        assert await privilege_matrix(db, role.name) == matrix.EVENT_WRITER
+        assert await privilege_matrix(db, role.name) == expected_privileges.EVENT_WRITER
 
 
 async def test_a_membership_the_role_can_only_set_is_an_excess_too(
@@ -101,7 +101,7 @@ async def test_a_membership_the_role_can_only_set_is_an_excess_too(
     await db.execute(f'GRANT "{relay.name}" TO "{sidecar.name}"')
     code, lines, stderr = grant_cli(database_url, sidecar.name, "sidecar")
     assert code == EXIT_EXCESS, stderr
-    assert await privilege_matrix(db, sidecar.name) == matrix.SIDECAR
+    assert await privilege_matrix(db, sidecar.name) == expected_privileges.SIDECAR
     assert (
         "  outbox: DELETE, UPDATE(attempts, held_template, held_topic, last_error_class, "
         f"next_attempt_at, quarantined_at, size_bytes) (through role {relay.name})" in lines

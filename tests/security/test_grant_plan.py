@@ -26,7 +26,7 @@ from migrations.grants import (
     render_script,
     schema_creators_warning,
 )
-from tests.security import matrix
+from tests.support import expected_privileges
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 EVERY_OBJECT = frozenset({*TABLES, "outbox_seq_seq", *FUNCTIONS} | {"schema public"})
@@ -97,7 +97,10 @@ def test_schemas_are_quoted_when_they_need_it(name: str, quoted: str) -> None:
 @pytest.mark.parametrize("part", PARTS)
 def test_the_model_is_the_hand_written_matrix(part: str) -> None:
     for table in TABLES:
-        assert describe_access(merged_access(table, [part])) == matrix.BY_PART[part][table], table
+        assert (
+            describe_access(merged_access(table, [part]))
+            == expected_privileges.BY_PART[part][table]
+        ), table
 
 
 def test_whole_table_update_wins_over_columns() -> None:
@@ -226,23 +229,7 @@ def test_the_script_is_one_transaction_then_the_steps_left_to_others() -> None:
 def test_the_event_writer_inserts_the_contract_columns_and_nothing_else() -> None:
     access = merged_access("outbox", ["event-writer"])
     assert access.privileges == frozenset()
-    assert access.insert_columns == frozenset(
-        {
-            "id",
-            "aggregatetype",
-            "aggregateid",
-            "type",
-            "payload",
-            "tenant_ref",
-            "schema_version",
-            "correlation_ref",
-            "causation_ref",
-            "traceparent",
-            "tracestate",
-            "headers",
-            "topic",
-        }
-    )
+    assert access.insert_columns == frozenset(expected_privileges.EVENT_WRITER_COLUMNS)
     # With the scoring service's part on the same role, whole-table INSERT wins.
     both = merged_access("outbox", ["writer", "event-writer"])
     assert both == merged_access("outbox", ["writer"])

@@ -22,10 +22,10 @@ from migrations.grants import (
     render_script,
 )
 from migrations.runner import apply, load_migrations
-from tests.security import matrix
 from tests.security.conftest import MakeRole
 from tests.security.process import run_cli
-from tests.security.roles import create_login_role, drop_role, grant, privilege_matrix
+from tests.support import expected_privileges
+from tests.support.roles import create_login_role, drop_role, grant, privilege_matrix
 
 
 @pytest.mark.parametrize("part", ["writer", "scoring-worker", "event-writer", "relay", "sidecar"])
@@ -34,7 +34,7 @@ async def test_each_part_holds_exactly_its_matrix(
 ) -> None:
     role = await make_role(part)
     await grant(database_url, role.name, part)
-    assert await privilege_matrix(db, role.name) == matrix.BY_PART[part]
+    assert await privilege_matrix(db, role.name) == expected_privileges.BY_PART[part]
 
 
 async def test_relay_and_sidecar_in_one_process_hold_the_union(
@@ -42,7 +42,7 @@ async def test_relay_and_sidecar_in_one_process_hold_the_union(
 ) -> None:
     role = await make_role("run")
     await grant(database_url, role.name, "relay", "sidecar")
-    assert await privilege_matrix(db, role.name) == matrix.RELAY_AND_SIDECAR
+    assert await privilege_matrix(db, role.name) == expected_privileges.RELAY_AND_SIDECAR
 
 
 async def test_grant_again_changes_nothing_and_fewer_parts_take_the_rest_away(
@@ -51,10 +51,10 @@ async def test_grant_again_changes_nothing_and_fewer_parts_take_the_rest_away(
     role = await make_role("again")
     await grant(database_url, role.name, "relay")
     await grant(database_url, role.name, "relay")
-    assert await privilege_matrix(db, role.name) == matrix.RELAY
+    assert await privilege_matrix(db, role.name) == expected_privileges.RELAY
     await db.execute(f'GRANT ALL ON outbox, scoring_job_state TO "{role.name}"')
     await grant(database_url, role.name, "sidecar")
-    assert await privilege_matrix(db, role.name) == matrix.SIDECAR
+    assert await privilege_matrix(db, role.name) == expected_privileges.SIDECAR
 
 
 async def test_after_a_fresh_migrate_each_part_holds_exactly_its_matrix(
@@ -64,7 +64,7 @@ async def test_after_a_fresh_migrate_each_part_holds_exactly_its_matrix(
     roles = []
     try:
         await apply(conn, load_migrations())
-        for part, expected in matrix.BY_PART.items():
+        for part, expected in expected_privileges.BY_PART.items():
             role = await create_login_role(conn, empty_database_url, part)
             roles.append(role.name)
             await grant(empty_database_url, role.name, part)
@@ -112,9 +112,9 @@ async def test_a_table_another_role_owns_is_left_to_that_owner_with_its_statemen
         "that owner must run:"
     )
     partial = await privilege_matrix(db, writer.name)
-    assert partial == {**matrix.WRITER, "scoring_job_state": "—"}
+    assert partial == {**expected_privileges.WRITER, "scoring_job_state": "—"}
 
-    # The owner runs exactly the printed statements; then the writer holds its whole matrix.
+    # The owner runs exactly the printed statements; then the writer holds its whole expected_privileges.
     (step,) = plan.owner_steps
     owner_conn = await asyncpg.connect(scoring_owner.url)
     try:
@@ -122,7 +122,7 @@ async def test_a_table_another_role_owns_is_left_to_that_owner_with_its_statemen
             await owner_conn.execute(statement)
     finally:
         await owner_conn.close()
-    assert await privilege_matrix(db, writer.name) == matrix.WRITER
+    assert await privilege_matrix(db, writer.name) == expected_privileges.WRITER
 
 
 async def test_pg_read_all_stats_is_a_separate_step_with_its_reason(
@@ -173,7 +173,7 @@ async def test_cli_grant_applies_and_says_what_is_left(
     )
     assert lines[1].startswith("separate step, for a superuser")
     assert lines[2] == f'  GRANT pg_read_all_stats TO "{role.name}";'
-    assert await privilege_matrix(db, role.name) == matrix.SIDECAR
+    assert await privilege_matrix(db, role.name) == expected_privileges.SIDECAR
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,9 @@ import pytest
 
 from relay.config import KafkaSecurity
 from tests.security.conftest import MakeRole
-from tests.security.kafka_acl import (
+from tests.security.process import Service, policy_file
+from tests.support.kafka import read_topic
+from tests.support.kafka_acl import (
     DESCRIBE,
     Listener,
     ca_file,
@@ -25,11 +27,9 @@ from tests.security.kafka_acl import (
     listener,
     topics_with_acls,
 )
-from tests.security.process import Service, policy_file
-from tests.security.roles import grant
-from tests.security.tls import untrusted_ca
-from tests.support.kafka import read_topic
 from tests.support.relay import INSERT, fast_config, running_relay
+from tests.support.roles import grant
+from tests.support.tls import untrusted_ca
 from tests.support.waiting import wait_until
 
 EVENTS = 20

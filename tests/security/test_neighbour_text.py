@@ -11,7 +11,7 @@ import json
 
 import asyncpg
 
-from tests.foundation.support import cli_env, run_cli
+from tests.support.cli import cli_env, run_cli
 
 # OSC 52 (writes the terminal's clipboard), a window title, a colour and a line break that
 # would forge a line of the preview.

@@ -16,9 +16,9 @@ import asyncpg
 import pytest
 
 from tests.security.conftest import MakeRole
-from tests.security.kafka_acl import environment_without_secrets
 from tests.security.process import Service, policy_file
-from tests.security.roles import LoginRole, grant
+from tests.support.kafka_acl import environment_without_secrets
+from tests.support.roles import LoginRole, grant
 
 _SAID = "may create objects in schema public besides its owner"
 _OWNED_LANES = "SELECT count(*) FROM relay_lane WHERE owner_id IS NOT NULL"

@@ -20,8 +20,8 @@ import pytest
 
 from contracts.errors import ConfigError
 from pgconnect import check_driver_settings, validate_database_url
-from tests.security.tls import service_file
 from tests.support.services import PostgresServer
+from tests.support.tls import service_file
 
 # A stand-in for a file's content, resolved per test: the services' CA and client pair,
 # or bytes that are no PEM at all.

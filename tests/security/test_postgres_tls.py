@@ -12,9 +12,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pgconnect import connect
 from tests.security.process import POLICY_OUTBOX_ONLY, run_cli
-from tests.security.roles import as_role
-from tests.security.tls import service_file, untrusted_ca, with_tls
+from tests.support.roles import as_role
 from tests.support.services import PostgresServer
+from tests.support.tls import service_file, untrusted_ca, with_tls
 
 
 async def test_verify_full_connects(tls_server: PostgresServer, database_url: str, ca: str) -> None:

@@ -10,6 +10,7 @@ import json
 import logging
 import uuid
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -17,15 +18,16 @@ import pytest
 from contracts.health import Classification
 from health.commands import EXIT_CODES, check, evaluate_once
 from relay.redrive import RedriveFilter, redrive
+from relay.store import RelayStore
 from scoring.worker import claim_next_due, enqueue_job
 from scoring.writer import EventDetails, complete_job
-from tests.health.conftest import RECEIPT_RETENTION_MS, loose_policy, relay_policy
 from tests.security.conftest import MakeRole
-from tests.security.kafka_acl import environment_without_secrets
 from tests.security.process import Service, policy_file, run_cli
-from tests.security.roles import grant
 from tests.support.kafka import read_topic
+from tests.support.kafka_acl import environment_without_secrets
+from tests.support.policies import RECEIPT_RETENTION_MS, loose_policy, relay_policy
 from tests.support.relay import INSERT, fast_config, running_relay
+from tests.support.roles import grant
 from tests.support.waiting import wait_until
 
 DENIED = asyncpg.InsufficientPrivilegeError
@@ -74,7 +76,13 @@ async def test_the_parts_do_their_work_under_their_own_roles(
         await as_writer.close()
 
     config = fast_config(relay.url, kafka_bootstrap, topic_namespace)
-    async with running_relay(config) as running:
+    stores: list[RelayStore] = []
+
+    def kept_store(pool: asyncpg.Pool, **options: Any) -> RelayStore:
+        stores.append(RelayStore(pool, **options))
+        return stores[-1]
+
+    async with running_relay(config, store_factory=kept_store) as running:
         await wait_until(
             lambda: db.fetchval("SELECT count(*) = 0 FROM outbox"), what="the outbox empty"
         )
@@ -90,9 +98,9 @@ async def test_the_parts_do_their_work_under_their_own_roles(
         assert sorted(r.key for r in records) == [b"job-roles", b"order-1"]
         assert running.relay.ready()
         # Its full passes are bounded by the sequence it may read (docs/relay.md).
-        assert running.relay._store is not None
+        (store,) = stores
         drawn = await db.fetchval("SELECT last_value FROM outbox_seq_seq")
-        assert await running.relay._store.seq_allocated() == drawn
+        assert await store.seq_allocated() == drawn
 
         # The sidecar, with every family on, sees a clean system under its read-only role.
         policy = loose_policy(relay=relay_policy())

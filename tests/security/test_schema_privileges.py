@@ -13,15 +13,16 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from health import schema as health_schema
+from health.config import SidecarConfig
 from health.sidecar import HealthSidecar
 from migrations.grants import RELAY, SEQUENCES, SIDECAR, TABLES, merged_access
 from pgconnect.schema import SCHEMA_BEHIND, Privilege, SchemaNeeds
 from relay import schema as relay_schema
-from tests.health.conftest import RECEIPT_RETENTION_MS, loose_policy
 from tests.security.conftest import MakeRole
-from tests.security.roles import grant
 from tests.support.kafka import read_topic
+from tests.support.policies import RECEIPT_RETENTION_MS, loose_policy
 from tests.support.relay import INSERT, fast_config, running_relay
+from tests.support.roles import grant
 from tests.support.waiting import wait_until
 
 
@@ -91,11 +92,13 @@ async def test_a_sidecar_that_may_not_read_the_migration_level_says_to_grant(
     finally:
         await admin.close()
     sidecar = HealthSidecar(
-        database_url=role.url,
-        policy=loose_policy(),
-        listen=("127.0.0.1", 0),
+        SidecarConfig(
+            database_url=role.url,
+            policy=loose_policy(),
+            listen=("127.0.0.1", 0),
+            receipt_retention_ms=RECEIPT_RETENTION_MS,
+        ),
         registry=CollectorRegistry(),
-        receipt_retention_ms=RECEIPT_RETENTION_MS,
     )
     async with sidecar:
         report = await sidecar.evaluate_once()

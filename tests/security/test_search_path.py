@@ -34,7 +34,7 @@ from migrations.grants import (
 from migrations.runner import apply, load_migrations
 from tests.security.conftest import MakeRole
 from tests.security.process import POLICY_OUTBOX_ONLY, policy_file, run_cli
-from tests.security.roles import create_login_role, drop_role, grant
+from tests.support.roles import create_login_role, drop_role, grant
 
 # Raises with the identity it runs under: the test sees whose transaction it entered.
 _SHADOW = """

@@ -17,15 +17,10 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from tests.security.conftest import MakeRole
-from tests.security.kafka_acl import (
-    ca_file,
-    environment_without_secrets,
-    listener,
-    topics_with_acls,
-)
 from tests.security.process import Service, process_list, run_cli
-from tests.security.roles import LoginRole, grant
+from tests.support.kafka_acl import ca_file, environment_without_secrets, listener, topics_with_acls
 from tests.support.relay import INSERT
+from tests.support.roles import LoginRole, grant
 from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]

@@ -27,7 +27,6 @@ from typing import Any
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from scoring.worker import enqueue_job, expire_leases
 from tests.soak.audit import AuditResult, Committed, Record, audit
@@ -36,6 +35,7 @@ from tests.soak.schedule import MIN_SHARE, WORKER_LEASE_S, Fault, FaultKind, bui
 from tests.soak.scoring_worker import DATABASE_ERRORS, EVENT
 from tests.soak.services import REPO, Ports, SoakServices
 from tests.support.faultproxy import FaultProxy
+from tests.support.kafka import create_topics
 from tests.support.processes import RelayProcess, Relays
 
 log = logging.getLogger("soak")
@@ -286,14 +286,7 @@ class Soak:
             await conn.execute(CREATE_AGGREGATE)
         finally:
             await conn.close()
-        admin_client = AIOKafkaAdminClient(bootstrap_servers=self.services.kafka.bootstrap)
-        await admin_client.start()
-        try:
-            await admin_client.create_topics(
-                [NewTopic(t, num_partitions=6, replication_factor=1) for t in TOPICS]
-            )
-        finally:
-            await admin_client.close()
+        await create_topics(self.services.kafka.bootstrap, TOPICS, partitions=6)
 
     def _start_relay(self, slot: _Slot) -> None:
         assert self.relays is not None

@@ -5,6 +5,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+# How long a probe of the health server may take to answer, tested under load
+# (tests/health/test_http_availability.py); deploy/'s probes wait as long.
+PROMPT_S = 2.0  # a generous bound for a probe on a busy 2-core machine
+
 
 @dataclass(frozen=True)
 class Reply:

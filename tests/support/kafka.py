@@ -1,15 +1,43 @@
-"""Reading what reached Kafka."""
+"""Topics on the test broker, and reading what reached Kafka."""
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 import anyio
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import ConsumerRecord
 
 Record = ConsumerRecord[bytes, bytes]
+
+
+@contextlib.asynccontextmanager
+async def kafka_admin(bootstrap: str) -> AsyncIterator[AIOKafkaAdminClient]:
+    """An admin client of the broker at ``bootstrap``, closed on the way out."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        yield admin
+    finally:
+        await admin.close()
+
+
+async def create_topics(
+    bootstrap: str,
+    topics: Sequence[str],
+    *,
+    partitions: int = 1,
+    configs: Mapping[str, str] | None = None,
+) -> None:
+    """Create ``topics``, each with ``partitions`` and these topic ``configs``
+    (``max.message.bytes``, ...), on the one-node test broker."""
+    async with kafka_admin(bootstrap) as admin:
+        await admin.create_topics(
+            [NewTopic(topic, partitions, 1, topic_configs=dict(configs or {})) for topic in topics]
+        )
 
 
 async def read_topic(

@@ -14,15 +14,13 @@ import pytest
 
 from contracts.errors import ConfigError
 from contracts.ranges import MAX_SETTING, ranges
+from health.config import SidecarConfig
 from health.policy import parse_policy
 from outbox_relay.cli import build_parser
+from outbox_relay.flags import Integer, Option, Switch, Text
 from outbox_relay.options import (
     OPTIONS,
     VERBS,
-    Integer,
-    Option,
-    Switch,
-    Text,
     listen_address,
     parse_listen,
     resolve,
@@ -34,7 +32,6 @@ from outbox_relay.settings import (
     LogSettings,
     RedriveSettings,
     ServiceSettings,
-    SidecarOptions,
 )
 from pgconnect import describe_target, validate_database_url
 from relay.config import KafkaSecurity, RelayConfig, validate_topic_template
@@ -336,10 +333,19 @@ def test_the_relay_and_the_sidecar_share_one_url_and_one_retention() -> None:
 def test_settings_refuse_a_relay_that_disagrees_with_the_sidecar() -> None:
     settings = service([], {"KAFKA_BOOTSTRAP_SERVERS": "b:9092"})
     assert settings.relay is not None
+    sidecar = settings.sidecar
+    assert sidecar.receipt_retention_ms is not None
     with pytest.raises(ConfigError, match="share"):
-        replace(settings, receipt_retention_ms=settings.receipt_retention_ms + 1)
+        replace(
+            settings,
+            sidecar=replace(sidecar, receipt_retention_ms=sidecar.receipt_retention_ms + 1),
+        )
     with pytest.raises(ConfigError, match="share"):
-        replace(settings, database_url="postgresql:///elsewhere")
+        replace(settings, sidecar=replace(sidecar, database_url="postgresql:///elsewhere"))
+    with pytest.raises(ConfigError, match="share"):
+        replace(
+            settings, sidecar=replace(sidecar, transaction_pooler=not sidecar.transaction_pooler)
+        )
 
 
 def test_no_relay_needs_no_kafka_and_still_reads_the_retention() -> None:
@@ -546,6 +552,11 @@ def test_describe_target_never_includes_user_or_password(url: str, expected: str
     assert not re.search(r"[@]", described)
 
 
+def _sidecar(**limits: int) -> SidecarConfig:
+    policy = parse_policy(Path(POLICY).read_text())
+    return SidecarConfig(database_url=None, policy=policy, listen=("127.0.0.1", 0), **limits)
+
+
 # Each integer setting of demo, the sidecar and status --watch, built directly with the
 # value its flag refuses: the settings refuse it too, with the same words.
 _DIRECT: dict[str, Any] = {
@@ -553,9 +564,9 @@ _DIRECT: dict[str, Any] = {
     "--workers": lambda v: DemoOptions(jobs=1, workers=v, exit_when_done=False),
     "--rate": lambda v: DemoOptions(jobs=1, workers=1, exit_when_done=False, rate=v),
     "--story-hold-ms": lambda v: DemoOptions(1, 1, False, story_hold_ms=v),
-    "--http-max-connections": lambda v: SidecarOptions(v, 1, 0),
-    "--database-retry-max-ms": lambda v: SidecarOptions(1, v, 0),
-    "--completion-recheck-period-ms": lambda v: SidecarOptions(1, 1, v),
+    "--http-max-connections": lambda v: _sidecar(http_max_connections=v),
+    "--database-retry-max-ms": lambda v: _sidecar(database_retry_max_ms=v),
+    "--completion-recheck-period-ms": lambda v: _sidecar(completion_recheck_period_ms=v),
 }
 _SIDECAR = frozenset(
     {"--http-max-connections", "--database-retry-max-ms", "--completion-recheck-period-ms"}

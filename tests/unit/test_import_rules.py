@@ -47,6 +47,8 @@ def test_the_tree_keeps_every_contract(tmp_path: Path) -> None:
         ("scoring/planted.py", "from health import evaluate\n", "never import each other"),
         ("relay/planted.py", "import outbox_relay.cli\n", "composition root above"),
         ("contracts/planted.py", "import pgconnect\n", "composition root above"),
+        ("relay/planted.py", "import aiokafka\n", "Kafka seam imports aiokafka"),
+        ("health/planted.py", "from aiokafka.errors import KafkaError\n", "Kafka seam"),
     ],
 )
 def test_a_planted_forbidden_import_breaks_a_contract(

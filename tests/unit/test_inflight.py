@@ -7,7 +7,7 @@ import pytest
 
 from relay.inflight import InFlightWindow
 from relay.records import OutboxRow, RecordMapper
-from tests.unit.test_records import make_row
+from tests.support.rows import make_row
 
 # Rows of aggregatetype "order" go to "t.order": a failed one holds its key there.
 _HOLD_OF = RecordMapper(topic_template="t.{aggregatetype}", ce_source="urn:t").hold_of

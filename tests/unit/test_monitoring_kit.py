@@ -19,41 +19,18 @@ import yaml
 
 from contracts.policy import Family
 from tests.support import promtool
+from tests.support.monitoring_kit import ALERTS, DASHBOARD, dashboard_exprs, metric_names, rules
 from tests.unit.test_doc_links import _HEADING, _HTML_ID, github_slug, heading_text, prose_lines
 
 REPO = Path(__file__).resolve().parents[2]
-ALERTS = REPO / "docs" / "monitoring" / "alerts.yaml"
 ALERT_TESTS = REPO / "docs" / "monitoring" / "alerts.test.yaml"
-DASHBOARD = REPO / "docs" / "monitoring" / "dashboard.json"
 RUNBOOK = REPO / "docs" / "operations.md"
 
-# Series Prometheus itself records for every scrape target, not exported by the product.
-PROMETHEUS_SERIES = frozenset({"up"})
 # kube-prometheus-stack's Alertmanager routes and inhibits on these (its values.yaml,
 # alertmanager.config.inhibit_rules); `routing` is the product's own decision beside it.
 SEVERITY_OF_ROUTING = {"page": "critical", "ticket": "warning", "info": "info"}
 # The label deploy/'s PodMonitor copies from the pods' app.kubernetes.io/instance.
 INSTALL = "app_kubernetes_io_instance"
-
-# -- a PromQL metric-name extractor (what the rules and panels read) ---------------------------
-_STRINGS = re.compile(r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'")
-_MATCHERS = re.compile(r"\{[^{}]*\}")
-_RANGES = re.compile(r"\[[^\[\]]*\]")
-_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)")
-_NAME = re.compile(r"(?<![\w:.$])([a-zA-Z_:][a-zA-Z0-9_:]*)(?![a-zA-Z0-9_:])(?!\s*\()")
-_KEYWORDS = frozenset(
-    {"bool", "and", "or", "unless", "offset", "inf", "nan", "by", "without", "on", "ignoring"}
-    | {"group_left", "group_right"}
-)
-
-
-def metric_names(expr: str) -> set[str]:
-    """The metric names a PromQL expression reads (functions, labels and keywords left out)."""
-    text = _STRINGS.sub('""', expr)
-    text = _MATCHERS.sub("", text)
-    text = _RANGES.sub("", text)
-    text = _GROUPING.sub("", text)
-    return {name for name in _NAME.findall(text) if name.lower() not in _KEYWORDS}
 
 
 @pytest.mark.parametrize(
@@ -76,16 +53,6 @@ def metric_names(expr: str) -> set[str]:
 )
 def test_the_extractor_finds_metric_names_only(expr: str, names: set[str]) -> None:
     assert metric_names(expr) == names
-
-
-def rules() -> list[dict[str, Any]]:
-    document = yaml.safe_load(ALERTS.read_text())
-    return [rule for group in document["groups"] for rule in group["rules"]]
-
-
-def dashboard_exprs() -> list[str]:
-    dashboard = json.loads(DASHBOARD.read_text())
-    return [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
 
 
 def test_every_rule_is_complete_and_routed_as_the_stack_routes() -> None:

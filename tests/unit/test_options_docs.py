@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from outbox_relay.options import OPTIONS, VERBS, Option
+from outbox_relay.flags import Option
+from outbox_relay.options import OPTIONS, VERBS
 
 CLI_DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 _DAY_MS = 24 * 3600 * 1000

@@ -12,7 +12,7 @@ from relay.outcome import Acknowledgement, FailedRow, Landed, PublishedGroup, so
 from relay.publisher import HoldLedger, SubmittedBatch
 from relay.records import OutboxRow
 from relay.retry import BROKER_TIMEOUT, BROKER_UNAVAILABLE, PRODUCER_STATE, FailureClass
-from tests.unit.test_records import make_row
+from tests.support.rows import make_row
 
 ROWS: list[OutboxRow] = [make_row(seq=seq, aggregateid=f"k{seq}") for seq in range(6)]
 

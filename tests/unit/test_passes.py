@@ -19,7 +19,7 @@ from relay.passes import (
     within_bound,
 )
 from relay.records import MAX_FETCHED_ROW_BYTES, OutboxRow, RecordMapper
-from tests.unit.test_records import make_row
+from tests.support.rows import make_row
 
 POLL_MS = 1_000
 BATCH = 3

@@ -1,5 +1,5 @@
 """The docs say what the code declares, both ways: every policy field (contracts/policy.py)
-is in the example and demo policy files, every setting those files or the prose
+is in the example and demo policy files and deploy/'s, every setting those files or the prose
 (docs/health.md, docs/operations.md) name is declared, the families documented are the
 families declared, and every flag and variable docs/operations.md names is declared in
 ``outbox_relay.options`` (docs/cli.md's tables are held by test_options_docs.py)."""
@@ -19,8 +19,13 @@ from contracts.policy import Family, Policy
 from health.policy import load_policy
 from outbox_relay.options import OPTIONS
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
-POLICY_FILES = [DOCS / "policy.example.toml", DOCS / "policy.demo.toml"]
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs"
+POLICY_FILES = [
+    DOCS / "policy.example.toml",
+    DOCS / "policy.demo.toml",
+    REPO / "deploy" / "base" / "policy.toml",
+]
 PROSE = [DOCS / "health.md", DOCS / "operations.md"]
 
 # The key that disables a family; it replaces the family's settings, so no struct has it.
@@ -51,7 +56,7 @@ def test_the_declared_sections_are_every_family_and_the_evaluation() -> None:
     assert SECTIONS["evaluation"] == {"interval_ms", "timeout_ms", "max_evidence_age_ms"}
 
 
-@pytest.mark.parametrize("path", POLICY_FILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", POLICY_FILES, ids=lambda p: str(p.relative_to(REPO)))
 def test_a_policy_file_has_every_setting_and_only_declared_ones(path: Path) -> None:
     document = tomllib.loads(path.read_text())
     assert set(document) == set(SECTIONS), path.name

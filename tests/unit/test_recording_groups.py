@@ -5,7 +5,7 @@ from __future__ import annotations
 from relay.engine import Batch, Settled, may_join
 from relay.outcome import FailedRow, Outcome
 from relay.retry import NAMED_CLASSES
-from tests.unit.test_records import make_row
+from tests.support.rows import make_row
 
 
 def _settled(rows: int, fences: dict[int, int], *, failed: bool = False) -> Settled:

@@ -19,33 +19,9 @@ from relay.records import (
     RecordMapper,
     record_size,
 )
+from tests.support.rows import EVENT_ID, make_row
 
-EVENT_ID = "6f1c2a9e-5d0b-4c7e-9a51-1b2c3d4e5f60"
-CREATED_AT = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-
-
-def make_row(**overrides: Any) -> OutboxRow:
-    values: dict[str, Any] = {
-        "seq": 1,
-        "id": EVENT_ID,
-        "aggregatetype": "scoring_job",
-        "aggregateid": "job-7f3a",
-        "type": "scoring.result.completed",
-        "payload": '{"result_ref": "r-1"}',
-        "tenant_ref": None,
-        "schema_version": None,
-        "correlation_ref": None,
-        "causation_ref": None,
-        "traceparent": None,
-        "headers": None,
-        "topic": None,
-        "created_at": CREATED_AT,
-        "lane": 5,
-        "attempts": 0,
-    }
-    values.update(overrides)
-    return OutboxRow(**values)
 
 
 def mapper(**kwargs: Any) -> RecordMapper:

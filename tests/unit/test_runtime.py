@@ -25,7 +25,7 @@ from outbox_relay.options import resolve
 from outbox_relay.runtime import freeze_startup_heap, space_young_collections
 from outbox_relay.settings import ServiceSettings
 from relay.records import RecordMapper
-from tests.unit.test_records import make_row
+from tests.support.rows import make_row
 
 glibc_only = pytest.mark.skipif(
     runtime._glibc_mallopt() is None, reason="the thresholds are glibc's"

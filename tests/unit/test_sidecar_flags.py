@@ -6,29 +6,35 @@ from __future__ import annotations
 import pytest
 
 from contracts.errors import ConfigError
-from health.families.completion_tracker import RECHECK_PERIOD_MS
-from health.sidecar import DATABASE_RETRY_MAX_MS, HTTP_MAX_CONNECTIONS
+from health.config import SidecarConfig
 from outbox_relay.cli import build_parser
 from outbox_relay.options import resolve
 from outbox_relay.service import run_service
-from outbox_relay.settings import ServiceSettings, SidecarOptions
+from outbox_relay.settings import ServiceSettings
 
 POLICY = "docs/policy.example.toml"
 
 
-def sidecar(argv: list[str], environ: dict[str, str]) -> SidecarOptions:
+def sidecar(argv: list[str], environ: dict[str, str]) -> tuple[int, int, int]:
+    """The three limits of the sidecar's configuration, as ``run`` resolves them."""
     args = build_parser().parse_args(["run", "--no-relay", "--policy", POLICY, *argv])
     settings = resolve(args, environ)
     assert isinstance(settings, ServiceSettings)
-    return settings.sidecar
+    config = settings.sidecar
+    return (
+        config.http_max_connections,
+        config.database_retry_max_ms,
+        config.completion_recheck_period_ms,
+    )
 
 
 def test_defaults_are_the_sidecars_own() -> None:
-    assert sidecar([], {}) == SidecarOptions(
-        http_max_connections=HTTP_MAX_CONNECTIONS,
-        database_retry_max_ms=DATABASE_RETRY_MAX_MS,
-        completion_recheck_period_ms=RECHECK_PERIOD_MS,
+    assert sidecar([], {}) == (
+        SidecarConfig.http_max_connections,
+        SidecarConfig.database_retry_max_ms,
+        SidecarConfig.completion_recheck_period_ms,
     )
+    assert sidecar([], {}) == (256, 30_000, 21_600_000)
 
 
 def test_flags_set_them() -> None:
@@ -40,7 +46,7 @@ def test_flags_set_them() -> None:
         "--completion-recheck-period-ms",
         "0",
     ]
-    assert sidecar(argv, {}) == SidecarOptions(64, 5000, 0)
+    assert sidecar(argv, {}) == (64, 5000, 0)
 
 
 def test_variables_set_them_and_flags_win() -> None:
@@ -49,8 +55,8 @@ def test_variables_set_them_and_flags_win() -> None:
         "OUTBOX_RELAY_DATABASE_RETRY_MAX_MS": "1000",
         "OUTBOX_RELAY_COMPLETION_RECHECK_PERIOD_MS": "600000",
     }
-    assert sidecar([], environ) == SidecarOptions(32, 1000, 600_000)
-    assert sidecar(["--http-max-connections", "8"], environ).http_max_connections == 8
+    assert sidecar([], environ) == (32, 1000, 600_000)
+    assert sidecar(["--http-max-connections", "8"], environ)[0] == 8
 
 
 @pytest.mark.parametrize(
@@ -73,8 +79,8 @@ class _Captured(Exception):
 async def test_run_hands_them_to_the_sidecar(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, object] = {}
 
-    def capture(**kwargs: object) -> None:
-        seen.update(kwargs)
+    def capture(config: SidecarConfig, **kwargs: object) -> None:
+        seen.update(vars(config))
         raise _Captured
 
     monkeypatch.setattr("outbox_relay.service.HealthSidecar", capture)

@@ -9,7 +9,7 @@ from relay import sql
 from relay.outcome import PublishedGroup
 from relay.records import OutboxRow
 from relay.store import PublishedArrays, published_arrays
-from tests.unit.test_records import make_row
+from tests.support.rows import make_row
 
 
 def test_one_seq_per_event_and_one_entry_per_partition_batch() -> None:

@@ -1,4 +1,5 @@
-"""Login roles for the security tests, and what a role may do on every schema object."""
+"""Login roles for tests that act as one of the parts, and what a role may do on every schema
+object."""
 
 from __future__ import annotations
 

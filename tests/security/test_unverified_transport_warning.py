@@ -18,8 +18,8 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from tests.foundation.support import cli_env, run_cli
 from tests.security.process import Service, policy_file
+from tests.support.cli import cli_env, run_cli
 from tests.support.faultproxy import FaultProxy
 from tests.support.processes import POLICY_ALL_DISABLED
 

@@ -1,4 +1,4 @@
-"""Helpers for the scoring writer's database tests: reach a state, read it back."""
+"""Scoring jobs in the database for tests: reach a state through the writer, read it back."""
 
 from __future__ import annotations
 

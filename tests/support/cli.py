@@ -1,4 +1,5 @@
-"""Running ``outbox-relay`` as a real process, and reading what it printed."""
+"""Running ``outbox-relay`` as a real process and reading what it printed; the login roles
+and database URLs a test hands it, and the migrations this release ships."""
 
 from __future__ import annotations
 

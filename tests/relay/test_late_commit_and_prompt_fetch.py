@@ -1,5 +1,6 @@
 """Rows a pass stepped over are found again within about one poll interval, even while a
-continuous backlog keeps the pipeline busy (docs/relay.md, "Fetching: passes")."""
+continuous backlog keeps the pipeline busy (docs/relay.md, "Fetching: passes and the key
+hold")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""TLS material for the security tests: the services' CA, and a CA nobody trusts."""
+"""TLS material for tests: the services' CA, and a CA nobody trusts."""
 
 from __future__ import annotations
 

@@ -11,10 +11,11 @@ import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.protocol.admin import CreateAclsRequest, DeleteAclsRequest
 
-from tests.security.tls import service_file
+from tests.support.kafka import create_topics
+from tests.support.tls import service_file
 
 # Kafka's wire codes (org.apache.kafka.common.acl / resource).
 TOPIC = 2
@@ -88,12 +89,10 @@ async def topics_with_acls(
     partitions: int = 3,
 ) -> AsyncIterator[None]:
     """Create ``topics`` and allow ``principal`` only ``operations`` on ``prefix``."""
+    await create_topics(plaintext_bootstrap, topics, partitions=partitions)
     admin = AIOKafkaAdminClient(bootstrap_servers=plaintext_bootstrap)
     await admin.start()
     try:
-        await admin.create_topics(
-            [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics]
-        )
         for operation in operations:
             response = await admin._send_request(
                 CreateAclsRequest(TOPIC, prefix, PREFIXED, principal, "*", operation, ALLOW)

@@ -16,9 +16,9 @@ from contracts.policy import OutboxPolicy
 from health import schema
 from migrations.runner import apply, load_migrations
 from pgconnect.schema import SCHEMA_BEHIND
-from tests.health.conftest import loose_policy, relay_policy
 from tests.health.test_http import running
 from tests.support.http import get
+from tests.support.policies import loose_policy, relay_policy
 
 # The probes' statements, as PostgreSQL counts them: none may run below the level.
 _PROBES_RUN = """

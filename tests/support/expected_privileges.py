@@ -6,7 +6,7 @@ Notation as in docs/security.md: whole-table privileges, then column-level ones.
 from __future__ import annotations
 
 from migrations.grants import FUNCTIONS
-from tests.security.roles import NONE
+from tests.support.roles import NONE
 
 # The scoring functions a worker calls (migration 0012); every other function is called by
 # no role (trigger functions fire without EXECUTE; the helpers run as the functions' owner).
@@ -52,11 +52,23 @@ WRITER = {
 SCORING_WORKER = {**_NOTHING, **_CALLS_THEM}
 
 # Column-level INSERT of the contract's writer columns (DESIGN §3.1), and nothing else.
-EVENT_WRITER = {
-    **_NOTHING,
-    "outbox": "INSERT(aggregateid, aggregatetype, causation_ref, correlation_ref, headers, id, "
-    "payload, schema_version, tenant_ref, topic, traceparent, tracestate, type)",
-}
+# DESIGN §3.1: the core columns and the optional ones a writer may set.
+EVENT_WRITER_COLUMNS = (
+    "id",
+    "aggregatetype",
+    "aggregateid",
+    "type",
+    "payload",
+    "tenant_ref",
+    "schema_version",
+    "correlation_ref",
+    "causation_ref",
+    "traceparent",
+    "tracestate",
+    "headers",
+    "topic",
+)
+EVENT_WRITER = {**_NOTHING, "outbox": f"INSERT({', '.join(sorted(EVENT_WRITER_COLUMNS))})"}
 
 RELAY = {
     **_NOTHING,
