@@ -51,7 +51,9 @@ def test_the_changelog_has_upgrading_notes_for_unreleased_and_each_release() -> 
     assert headings[0] == UNRELEASED
     released = released_versions(changelog)
     assert len(headings) == 1 + len(released), headings  # every other section is a release
-    assert UPGRADING in unreleased(changelog)
+    # Right after a release nothing is unreleased yet; what is, says how to upgrade to it.
+    notes = unreleased(changelog)
+    assert notes.strip() == "" or UPGRADING in notes
     for version in released:
         section = changelog.split(f"\n## {version} - ", 1)[1].split("\n## ", 1)[0]
         assert UPGRADING in section, version
@@ -94,6 +96,15 @@ def scratch(tmp_path: Path) -> Path:
     for path in {CHANGELOG, *(copy.path for copy in COPIES)}:
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / path, root / path)
+    changelog = (root / CHANGELOG).read_text()
+    if not unreleased(changelog).strip():  # this checkout was just released: work since
+        (root / CHANGELOG).write_text(
+            changelog.replace(
+                f"{UNRELEASED}\n",
+                f"{UNRELEASED}\n\n{UPGRADING}\n\nRun `outbox-relay migrate`.\n",
+                1,
+            )
+        )
     _git(tmp_path, "init", "--quiet", str(root))
     _git(root, "config", "user.email", "release-test@example.invalid")
     _git(root, "config", "user.name", "release test")
