@@ -13,7 +13,8 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -322,10 +323,30 @@ async def test_the_rust_worker_does_every_operation_and_its_events_reach_kafka(
     assert await db.fetchval("SELECT count(*) FROM outbox_receipt") == 3
 
 
-@pytest.mark.timeout(BUILD_TIMEOUT_S + 120)
-async def test_one_walkthrough_in_two_languages_writes_the_same_rows(
+async def differences(
+    rust_steps: list[dict[str, Any]],
+    python_steps: list[dict[str, Any]],
+    rust: asyncpg.Connection,
+    python: asyncpg.Connection,
+) -> list[str]:
+    """What the two walkthroughs did differently: their dispositions, the outbox rows they
+    wrote, the jobs' end states; empty when they did the same."""
+    found = []
+    if _compared(rust_steps) != _compared(python_steps):
+        found.append("dispositions")
+    if await outbox_rows(rust) != await outbox_rows(python):
+        found.append("outbox rows")
+    if await job_rows(rust) != await job_rows(python):
+        found.append("job rows")
+    return found
+
+
+@asynccontextmanager
+async def two_walkthroughs(
     rust_worker: Path, pg_server: PostgresServer, template_database: str
-) -> None:
+) -> AsyncIterator[tuple[list[dict[str, Any]], list[dict[str, Any]], Any, Any]]:
+    """The Rust worker's and the Python writer's walkthroughs, each in a fresh database: their
+    steps and a connection to each database."""
     names = [await scratch_database(pg_server.url, template_database) for _ in range(2)]
     try:
         rust_url, python_url = (with_database(pg_server.url, name) for name in names)
@@ -334,24 +355,70 @@ async def test_one_walkthrough_in_two_languages_writes_the_same_rows(
         python = await asyncpg.connect(python_url)
         try:
             python_steps = await python_walkthrough(python)
-            assert _compared(rust_steps) == _compared(python_steps)
-            rust_rows, python_rows = await outbox_rows(rust), await outbox_rows(python)
-            assert len(rust_rows) == 3
-            assert rust_rows == python_rows
-            # the same value, whatever the worker spelt: 0.730 and a key order of its own
-            [completed] = [r for r in rust_rows if r["type"] == "scoring.result.completed"]
-            assert json.loads(completed["payload"])["data"]["result"] == {
-                "labels": ["a", "b"],
-                "model": "m-3",
-                "score": 0.73,
-            }
-            assert await job_rows(rust) == await job_rows(python)
+            yield rust_steps, python_steps, rust, python
         finally:
             await rust.close()
             await python.close()
     finally:
         for name in names:
             await drop_database(pg_server.url, name)
+
+
+@pytest.mark.timeout(BUILD_TIMEOUT_S + 120)
+async def test_one_walkthrough_in_two_languages_writes_the_same_rows(
+    rust_worker: Path, pg_server: PostgresServer, template_database: str
+) -> None:
+    async with two_walkthroughs(rust_worker, pg_server, template_database) as walked:
+        rust_steps, python_steps, rust, python = walked
+        assert await differences(rust_steps, python_steps, rust, python) == []
+        rust_rows = await outbox_rows(rust)
+        assert len(rust_rows) == 3
+        # the same value, whatever the worker spelt: 0.730 and a key order of its own
+        [completed] = [r for r in rust_rows if r["type"] == "scoring.result.completed"]
+        assert json.loads(completed["payload"])["data"]["result"] == {
+            "labels": ["a", "b"],
+            "model": "m-3",
+            "score": 0.73,
+        }
+
+
+# What one language's writer could get wrong that the other does not, planted in the Python
+# walkthrough's database (or its dispositions) once it ran: each must be a difference.
+PLANTS = {
+    "a number spelt as the caller spelt it": (
+        "UPDATE outbox SET payload = replace(payload::text, '0.73', '0.730')::jsonb"
+        " WHERE type = 'scoring.result.completed'",
+        "outbox rows",
+    ),
+    "a header left out": ("UPDATE outbox SET tenant_ref = NULL", "outbox rows"),
+    "the trace context not carried": ("UPDATE outbox SET traceparent = NULL", "outbox rows"),
+    "an event not written": (
+        "DELETE FROM outbox WHERE aggregateid = 'job-rust-4'",
+        "outbox rows",
+    ),
+    "an attempt counted twice": (
+        "UPDATE scoring_job_state SET attempt_count = attempt_count + 1"
+        " WHERE scoring_job_ref = 'job-rust-2'",
+        "job rows",
+    ),
+    "a refusal named otherwise": (None, "dispositions"),
+}
+
+
+@pytest.mark.parametrize("plant", sorted(PLANTS))
+@pytest.mark.timeout(BUILD_TIMEOUT_S + 120)
+async def test_the_comparison_catches_what_one_language_does_differently(
+    plant: str, rust_worker: Path, pg_server: PostgresServer, template_database: str
+) -> None:
+    statement, caught_as = PLANTS[plant]
+    async with two_walkthroughs(rust_worker, pg_server, template_database) as walked:
+        rust_steps, python_steps, rust, python = walked
+        if statement is None:
+            [stale] = [s for s in python_steps if s["step"] == "stale_fence"]
+            stale["refusal"] = "lease_expired"
+        else:
+            assert (await python.execute(statement)).split()[-1] != "0", statement
+        assert await differences(rust_steps, python_steps, rust, python) == [caught_as]
 
 
 def test_the_walkthroughs_payloads_are_the_same_json_value() -> None:
