@@ -34,7 +34,7 @@ from bench.conftest import Topics, start_relay_process
 from bench.peers.measure import cpu_seconds
 from relay.config import RelayConfig
 from relay.engine import Batch, Relay
-from relay.passes import Accepted, Fetched, Passes
+from relay.passes import Accepted, Fetched, FetchKind, Passes
 from relay.records import OutboxRow
 from relay.store import Recorded, RelayStore
 from relay.wakeups import WakeUp
@@ -223,9 +223,9 @@ def _instrument(monkeypatch: pytest.MonkeyPatch, stages: _Stages) -> type[RelayS
 
     send = Relay._send
 
-    async def noted_send(self: Relay, rows: Any, fences: Any) -> Batch:
+    async def noted_send(self: Relay, rows: Any, slot: Any) -> Batch:
         started = time.time()
-        batch = await send(self, rows, fences)
+        batch = await send(self, rows, slot)
         ended = time.time()
         for row in rows:
             stages.sent[row.id] = (started, ended, row.seq)
@@ -240,7 +240,7 @@ def _instrument(monkeypatch: pytest.MonkeyPatch, stages: _Stages) -> type[RelayS
         accepted = accept(self, fetched, **kwargs)
         if accepted is None:
             stages.refetched += 1
-        elif fetched.plan.cursor_fetch:
+        elif fetched.plan.kind is FetchKind.CURSOR:
             stages.unheard += len(fetched.rows) - len(accepted.rows)
         return accepted
 

@@ -22,7 +22,7 @@ import math
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -42,13 +42,33 @@ from relay import schema
 from relay.config import RelayConfig
 from relay.errors import RecordRejected, RelayError, Stopped
 from relay.housekeeping import OBSERVE_EVERY_MS, Housekeeping, run_rounds
-from relay.inflight import InFlightWindow
+from relay.inflight import InFlightWindow, Slot
 from relay.lanes import LaneKeeper
 from relay.liveness import Liveness
 from relay.metrics import RelayMetrics
 from relay.narrowing import Narrowing, Step, StepKind
-from relay.outcome import FailedRow, Outcome, PublishedGroup, sort_outcome
-from relay.passes import Fetched, FetchPlan, Passes
+from relay.outcome import (
+    Delayed,
+    FailedRow,
+    Outcome,
+    PublishedGroup,
+    ToRecord,
+    halves,
+    rows_in,
+    sort_outcome,
+)
+from relay.passes import (
+    Accepted,
+    Decision,
+    Fetch,
+    Fetched,
+    FetchKind,
+    FetchPlan,
+    Passes,
+    ReplaceProducer,
+    ResolveHolds,
+    Wait,
+)
 from relay.producer import ProducerFactory, ProducerKeeper, make_producer
 from relay.publisher import Submission
 from relay.records import OutboxRow, RecordMapper
@@ -79,10 +99,6 @@ from relay.tracing import PublishSpans, PublishTracing
 from relay.wakeups import NotificationListener, WakeUp, listen_plan
 
 log = logging.getLogger(__name__)
-
-# One row's outcome in a batch's record: a published row (a group of one, at its offset),
-# or a failed row and its retry delay.
-_Unit = PublishedGroup | tuple[FailedRow, int]
 
 
 class _RefusedForContent(RelayError):
@@ -154,11 +170,12 @@ def may_join(group: Sequence[Settled], waiting: Settled, max_rows: int) -> bool:
 
 
 class _Prefetch:
-    """The next batch's rows, read while the current one is sent; a task in the fetch
-    loop's task group fills it."""
+    """The next batch's rows, read while the current one is sent, in a slot of their own;
+    a task in the fetch loop's task group fills it."""
 
-    def __init__(self, plan: FetchPlan) -> None:
+    def __init__(self, plan: FetchPlan, slot: Slot) -> None:
         self.plan = plan
+        self.slot = slot
         self._done = anyio.Event()
         self._fetched: Fetched | None = None
         self._error: BaseException | None = None
@@ -505,121 +522,126 @@ class Relay:
     async def _fetch_passes(
         self, stop: anyio.Event, batches: MemoryObjectSendStream[Batch], prefetching: TaskGroup
     ) -> None:
-        """Plan a fetch, run it, let the pass accept its rows, send them; wait for news
-        when a fetch was not full (relay/passes.py makes every decision about the rows)."""
+        """Do what the passes decide (relay/passes.py makes every decision about the rows):
+        wait, replace the producer, resolve holds, or fetch and send; after a fetch whose
+        rows ask for nothing more at once, wait for news."""
         assert self._lanes is not None
-        config = self.config
-        window, passes, wake = self._window, self._passes, self._wake
+        passes, wake = self._passes, self._wake
         # A send started now must be settled before the lease could pass to another
         # instance; the renewal cadence keeps the window open in between.
-        margin_s = config.send_timeout_ms / 1000
+        margin_s = self.config.send_timeout_ms / 1000
         # While a full batch is mapped and handed to the producer, the database already
         # reads the next one. A prefetch holds an in-flight slot of its own.
         prefetch: _Prefetch | None = None
         try:
             while not stop.is_set():
-                self.liveness.tick("fetch", config.poll_interval_ms)
+                self.liveness.tick("fetch", self.config.poll_interval_ms)
                 if prefetch is None:
-                    if (quiet := passes.quiet_left(time.monotonic())) > 0:
-                        with anyio.move_on_after(quiet):
-                            await stop.wait()
-                        continue
-                    passes.start(
-                        time.monotonic(),
-                        full_pass_requested=wake.full_pass_requested(),
-                        full_pass_hinted=wake.full_pass_hinted(),
-                        full_passes_until=wake.take_full_passes_until(),
-                    )
-                    if self._producer.broken:
-                        # Fresh sequences only once nothing is in flight on the old ones.
-                        await window.wait_empty()
-                        await self._producer.replace(stop)
-                        continue
                     lanes = self._lanes.leases.publishable(margin_s)
-                    if not lanes:
-                        with anyio.move_on_after(config.poll_interval_ms / 1000):
-                            await wake.wait()
-                        wake.clear()
-                        continue
-                    if passes.lanes_gained(lanes):
-                        wake.request_full_pass()
-                        continue
-                    if not self._holds_resolved(lanes):
-                        await self._resolve_holds(lanes)
+                    decision = passes.next(
+                        time.monotonic(),
+                        lanes,
+                        wake.take_news(),
+                        producer_broken=self._producer.broken,
+                        holds_resolved=bool(lanes) and self._holds_resolved(lanes),
+                    )
+                    if not isinstance(decision, Fetch):
+                        await self._carry_out(decision, stop)
                         continue
                     wake.clear()
-                    await window.take_slot()
-                    plan = passes.plan(lanes, time.monotonic(), wake.take_lowest_notified())
+                    slot = await self._window.take_slot()
+                    plan = passes.plan(decision.lanes, time.monotonic(), wake.take_news())
                     if plan.start == 0:
-                        wake.pass_started()
                         self.metrics.full_passes.inc()
                     fetching = self._fetch(plan)
                 else:
-                    plan = prefetch.plan
-                    fetching, prefetch = prefetch.fetched(), None
-                try:
-                    fetched = await fetching
-                except DB_ERRORS as exc:
-                    window.give_back_slot()
-                    await self._fetch_failed(plan, exc)
-                    continue
-                self._fetch_failure_said = ""
-                self.metrics.fetched_bytes.inc(fetched.transferred_bytes)
-                accepted = passes.accept(fetched)
-                if accepted.cut:
-                    # The next pass starts from the beginning at once: it reads any row stepped
-                    # over before its key's next one.
-                    wake.request_full_pass()
-                lanes = self._lanes.leases.publishable(margin_s)
-                if passes.may_prefetch(
-                    time.monotonic(),
-                    accepted,
-                    lanes,
-                    producer_broken=self._producer.broken,
-                    slot_free=window.slot_free(),
-                ):
-                    await window.take_slot()
-                    prefetch = _Prefetch(passes.prefetch_plan(lanes))
-                    prefetching.start_soon(prefetch.fill, partial(self._fetch, prefetch.plan))
-                    # Let it run as far as sending its statement (its first real wait) before
-                    # this batch is mapped: mapping never yields, and a prefetch sent only
-                    # after it would take turns with it instead of overlapping.
-                    await anyio.lowlevel.checkpoint()
-                rows = passes.sendable(accepted.rows, lanes, fetched.mark)
-                window.fetch_done(fetched.mark)
-                unmeasured = [row.seq for row in accepted.rows if row.size is None]
-                if unmeasured:
-                    await self._measure(unmeasured)
-                if rows:
-                    fences = dict(
-                        zip(*self._lanes.leases.fences_for({r.lane for r in rows}), strict=True)
-                    )
-                    # In flight from now, before the producer has them: a hand-over must not
-                    # take these lanes while a slow submit (metadata waits) is still going.
-                    window.admit(rows)
-                    await batches.send(await self._send(rows, fences))
-                else:
-                    window.give_back_slot()
-                if not accepted.full:
-                    # The next fetch comes on news (or after a poll interval), also while
-                    # batches are still in flight: its fetches leave their rows out. So a new
-                    # event never waits for the batches before it to be recorded. It starts
-                    # from the cursor, or below the lowest seq notified meanwhile: a late
-                    # commit is read before any later row of its key.
-                    passes.ended()
-                    if passes.bound_refresh_due(time.monotonic()):
-                        prefetching.start_soon(self._refresh_bound)
-                    with anyio.move_on_after(config.poll_interval_ms / 1000) as polling:
-                        await self._answered()
-                        await wake.wait()
-                    if polling.cancelled_caught:
-                        # The safety net: what no notification announced (one lost with the
-                        # listening connection, a writer without the payload).
-                        wake.request_full_pass()
+                    slot, plan, fetching = prefetch.slot, prefetch.plan, prefetch.fetched()
+                    prefetch = None
+                with slot:  # given back at the end unless a batch took it
+                    try:
+                        fetched = await fetching
+                    except DB_ERRORS as exc:
+                        await self._fetch_failed(plan, exc)
+                        continue
+                    accepted, prefetch = await self._hand_on(fetched, slot, batches, prefetching)
+                if not accepted.more_now:
+                    await self._wait_for_news(prefetching)
         finally:
             if prefetch is not None:
-                window.give_back_slot()  # its task is cancelled with the task group
+                prefetch.slot.give_back()  # its task is cancelled with the task group
             passes.close()
+
+    async def _hand_on(
+        self,
+        fetched: Fetched,
+        slot: Slot,
+        batches: MemoryObjectSendStream[Batch],
+        prefetching: TaskGroup,
+    ) -> tuple[Accepted, _Prefetch | None]:
+        """Let the pass accept a fetch's rows, start reading the next fetch while they are
+        sent when the pass may go on, and send the rows that may go in ``slot``."""
+        assert self._lanes is not None
+        passes, window = self._passes, self._window
+        self._fetch_failure_said = ""
+        self.metrics.fetched_bytes.inc(fetched.transferred_bytes)
+        prefetch = None
+        with fetched.mark:  # closed once its rows are filtered
+            accepted = passes.accept(fetched)
+            lanes = self._lanes.leases.publishable(self.config.send_timeout_ms / 1000)
+            ahead = passes.prefetch(
+                time.monotonic(),
+                accepted,
+                lanes,
+                producer_broken=self._producer.broken,
+                slot_free=window.slot_free(),
+            )
+            if ahead is not None and (free := window.try_take_slot()):
+                prefetch = _Prefetch(ahead, free)
+                prefetching.start_soon(prefetch.fill, partial(self._fetch, ahead))
+                # Let it run as far as sending its statement (its first real wait) before
+                # this batch is mapped: mapping never yields, and a prefetch sent only
+                # after it would take turns with it instead of overlapping.
+                await anyio.lowlevel.checkpoint()
+            rows = passes.sendable(accepted.rows, lanes, fetched.mark)
+        unmeasured = [row.seq for row in accepted.rows if row.size is None]
+        if unmeasured:
+            await self._measure(unmeasured)
+        if rows:
+            await batches.send(await self._send(rows, slot))
+        return accepted, prefetch
+
+    async def _carry_out(self, decision: Decision, stop: anyio.Event) -> None:
+        """Do what the passes decided instead of a fetch."""
+        match decision:
+            case Wait(seconds=seconds, for_news=False):
+                with anyio.move_on_after(seconds):
+                    await stop.wait()
+            case Wait(seconds=seconds, for_news=True):
+                with anyio.move_on_after(seconds):
+                    await self._wake.wait()
+                self._wake.clear()
+            case ReplaceProducer():
+                # Fresh sequences only once nothing is in flight on the old ones.
+                await self._window.wait_empty()
+                await self._producer.replace(stop)
+            case ResolveHolds(lanes=lanes):
+                await self._resolve_holds(lanes)
+
+    async def _wait_for_news(self, prefetching: TaskGroup) -> None:
+        """Wait for news, or a poll interval, also while batches are still in flight: their
+        rows are left out of the fetches meanwhile, so a new event never waits for the
+        batches before it to be recorded. The next fetch starts from the cursor, or below
+        the lowest seq notified meanwhile: a late commit is read before any later row of
+        its key. A full pass due soon has its bound read now."""
+        if self._passes.take_bound_refresh(time.monotonic()):
+            prefetching.start_soon(self._refresh_bound)
+        with anyio.move_on_after(self.config.poll_interval_ms / 1000) as polling:
+            await self._answered()
+            await self._wake.wait()
+        if polling.cancelled_caught:
+            # The safety net: what no notification announced (one lost with the listening
+            # connection, a writer without the payload).
+            self._passes.polled()
 
     # -- what the door did not decide -------------------------------------------------------
     def _holds_resolved(self, lanes: Sequence[int]) -> bool:
@@ -628,7 +650,7 @@ class Relay:
         self._resolved_lanes &= set(lanes)
         return self._resolved_lanes.issuperset(lanes)
 
-    async def _resolve_holds(self, lanes: Sequence[int]) -> None:
+    async def _resolve_holds(self, lanes: Collection[int]) -> None:
         """Record where the held rows of these lanes hold their keys under this relay's
         template, before they are fetched (relay/sql.py, HELD_TO_RESOLVE): another instance,
         another template or an older relay may have decided it."""
@@ -755,23 +777,22 @@ class Relay:
         rows in flight when the statement starts are left out of what it returns."""
         assert self._store is not None
         bound = None
-        if plan.opens_pass:
+        if plan.kind is FetchKind.OPENS_PASS:
             # At light load the pass's first fetch is its only one: its bound was read
             # while the loop waited, if it could be.
             bound = self._passes.take_spare_bound()
             if bound is None:
                 bound = await self._pass_bound()
-        left_out = self._passes.leave_out(plan)
         # No row joins the window meanwhile that this fetch could read: rows are admitted
         # from earlier fetches, whose rows lie below its start.
-        mark = self._window.fetch_mark()
+        left_out, mark = self._passes.open_fetch(plan)
         started_at = time.monotonic()
         try:
             rows = await self._store.fetch_ready(
                 plan.lanes, plan.start, plan.limit, check_below=plan.check_below
             )
         except BaseException:
-            self._window.fetch_done(mark)
+            mark.close()
             raise
         return self._passes.fetched(
             plan, rows, mark=mark, left_out=left_out, bound=bound, started_at=started_at
@@ -799,18 +820,21 @@ class Relay:
             )
         return bound
 
-    async def _send(self, rows: list[OutboxRow], fences: dict[int, int]) -> Batch:
+    async def _send(self, rows: list[OutboxRow], slot: Slot) -> Batch:
+        """Put the rows in flight in ``slot`` and hand them to the producer."""
+        assert self._lanes is not None
+        fences = dict(zip(*self._lanes.leases.fences_for({r.lane for r in rows}), strict=True))
+        # In flight from now, before the producer has them: a hand-over must not take these
+        # lanes while a slow submit (metadata waits) is still going.
+        self._window.admit(rows, slot)
         spans = self._tracing.start(rows, self._topics_of(rows))
-        # Keys held since these rows were fetched are left out where the batches are built:
-        # a batch built after a failure was held carries none of its keys.
-        submission = await self._producer.submit(
-            rows, self._mapper.to_record, self._window.held(), self._mapper.hold_of
-        )
+        # Keys held since these rows were fetched are left out where the batches are built
+        # (a batch built after a failure was held carries none of its keys), and the keys
+        # of rows that fail here are held before it returns.
+        submission = await self._producer.submit(rows, self._mapper.to_record, self._window)
         while self._unanswered and not self._unanswered[0].unanswered():
             self._unanswered.popleft()  # answered: kept no longer than the window holds
         self._unanswered.append(submission)
-        # Hold the keys now: the next fetch may come before these failures are recorded.
-        self._window.hold(row for row, _ in submission.failures)
         self.signals.sent.signal(submission)
         return Batch(rows=rows, fences=fences, submission=submission, spans=spans)
 
@@ -845,7 +869,7 @@ class Relay:
                     try:
                         outcome = await self._settle(batch)
                     except BaseException:
-                        self._window.give_back_slot()
+                        self._window.give_back_batch_slot()
                         raise
                     settled_in.send_nowait(Settled(batch, outcome))
 
@@ -892,12 +916,10 @@ class Relay:
                 + [(1, exc) for _, exc in submission.failures]
             )
         batch.spans.end(outcome.failed[0][1].label if outcome.failed else None)
-        # Until the failure is recorded, the database does not hold the key back yet.
-        # Failures found before sending were held back when they were found. Held before
-        # anything is submitted again, as Submission.acknowledgements asks.
-        self._window.hold(row for row, _ in outcome.refused)
+        # The failed rows' keys are held already (Submission.acknowledgements): until the
+        # failures are recorded, the database does not hold them back yet.
         if outcome.producer_broken:
-            self._producer.broken = True
+            self._producer.sequences_lost()
         return outcome
 
     @staticmethod
@@ -973,19 +995,13 @@ class Relay:
                 time.monotonic() + (max(delays) + config.poll_interval_ms) / 1000
             )
         fences: dict[int, int] = {}
-        units: list[_Unit] = []
+        entries: list[ToRecord] = []
         for batch, outcome in group:
             fences.update(batch.fences)  # one fence per lane in a group (may_join)
-            units.extend(
-                PublishedGroup(
-                    published.topic, published.partition, published.base_offset + i, [row]
-                )
-                for published in outcome.published
-                for i, row in enumerate(published.rows)
-            )
-        units.extend(zip(failed, delays, strict=True))
+            entries.extend(outcome.published)
+        entries.extend(map(Delayed._make, zip(failed, delays, strict=True)))
         published_count = sum(outcome.published_count for _, outcome in group)
-        written = await self._write_outcome(fences, units)
+        written = await self._write_outcome(fences, entries)
         if written is None:
             # Past the lease the write would be fenced anyway: the rows go to the next
             # owner (or to ourselves after the next claim) for republishing.
@@ -1009,28 +1025,29 @@ class Relay:
                 self._count_failures(failed, recorded.quarantined)
 
     async def _write_outcome(
-        self, fences: dict[int, int], units: list[_Unit]
+        self, fences: dict[int, int], entries: list[ToRecord]
     ) -> tuple[Recorded, int] | None:
         """Record a batch's outcome: what was recorded and how many of its published rows
         the database refused to record; None when the lease ended first.
 
         One statement for the whole batch. When the database refuses it for a row's
         content (a value over a limit, a check), the batch is recorded in halves, down to
-        single rows, so the others are recorded; a row whose own outcome cannot be written
-        is left out of this process's fetches (relay/passes.py) and said once.
+        single rows, so the others are recorded (a partition batch is halved into slices of
+        consecutive offsets, never taken apart row by row); a row whose own outcome cannot
+        be written is never sent again by this process (relay/passes.py) and said once.
         """
         published = quarantined = unrecordable = 0
-        parts = [units]
+        parts = [entries]
         while parts:
             part = parts.pop()
             try:
                 recorded = await self._write_part(fences, part)
             except _RefusedForContent as refused:
-                if len(part) > 1:
-                    middle = len(part) // 2
-                    parts.extend((part[middle:], part[:middle]))  # the first half first
+                if rows_in(part) > 1:
+                    first, second = halves(part)
+                    parts.extend((second, first))  # the first half first
                     continue
-                unrecordable += self._leave_out_unrecordable(part[0], refused.sqlstate)
+                unrecordable += self._never_send_unrecordable(part[0], refused.sqlstate)
                 continue
             if recorded is None:
                 return None
@@ -1038,12 +1055,12 @@ class Relay:
             quarantined += recorded.quarantined
         return Recorded(published, quarantined), unrecordable
 
-    async def _write_part(self, fences: dict[int, int], part: list[_Unit]) -> Recorded | None:
+    async def _write_part(self, fences: dict[int, int], part: list[ToRecord]) -> Recorded | None:
         """One statement for these rows' outcomes, retried while the database cannot be
         reached (said once per cause); None when the lease ended first."""
         assert self._store is not None and self._lanes is not None
-        groups = [unit for unit in part if isinstance(unit, PublishedGroup)]
-        failures = [unit for unit in part if not isinstance(unit, PublishedGroup)]
+        groups = [entry for entry in part if isinstance(entry, PublishedGroup)]
+        failures = [entry for entry in part if isinstance(entry, Delayed)]
         attempt = 0
         said = ""
         while True:
@@ -1051,8 +1068,8 @@ class Relay:
                 return await self._store.record_outcome(
                     fences,
                     groups,
-                    [failed for failed, _ in failures],
-                    [delay for _, delay in failures],
+                    [delayed.failed for delayed in failures],
+                    [delayed.delay_ms for delayed in failures],
                     max_attempts=self.config.max_attempts,
                 )
             except DB_ERRORS as exc:
@@ -1071,23 +1088,23 @@ class Relay:
                     backoff_ms(attempt, base_ms=100, cap_ms=2_000, rng=self._rng) / 1000
                 )
 
-    def _leave_out_unrecordable(self, unit: _Unit, sqlstate: str) -> int:
+    def _never_send_unrecordable(self, entry: ToRecord, sqlstate: str) -> int:
         """A row whose outcome the database refuses to record: this process never sends
         it again (it stays in the outbox, where the health sidecar sees it wait), and a
         failed one keeps its key held. Returns 1 for a published row, else 0."""
-        row = unit.rows[0] if isinstance(unit, PublishedGroup) else unit[0].row
-        self._passes.leave_out_for_good(row.seq)
-        self.metrics.unrecordable.set(self._passes.left_out_for_good)
+        row = entry.rows[0] if isinstance(entry, PublishedGroup) else entry.failed.row
+        self._passes.never_send(row.seq)
+        self.metrics.unrecordable.set(self._passes.never_sent)
         log.error(
             "the database refused to record this event's outcome; it is left out until the "
             "relay restarts",
             extra={
                 "seq": row.seq,
                 "sqlstate": sqlstate,
-                "published": isinstance(unit, PublishedGroup),
+                "published": isinstance(entry, PublishedGroup),
             },
         )
-        if isinstance(unit, PublishedGroup):
+        if isinstance(entry, PublishedGroup):
             return 1
         self._window.hold([row])  # never released: its failure is not recorded
         return 0

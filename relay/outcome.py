@@ -86,3 +86,38 @@ def sort_outcome(
             refused.extend(FailedRow(row, failure) for row in rows)
     rejected = [FailedRow(row, classify_failure(exc)) for row, exc in early_failures]
     return Outcome(published, refused, rejected)
+
+
+class Delayed(NamedTuple):
+    """A failed row and how long it waits before it is tried again."""
+
+    failed: FailedRow
+    delay_ms: int
+
+
+ToRecord = PublishedGroup | Delayed
+"""One entry of the outcomes one statement records: rows acknowledged at consecutive
+offsets, or a failed row with its retry delay."""
+
+
+def rows_in(part: Sequence[ToRecord]) -> int:
+    """How many rows ``part`` records."""
+    return sum(len(entry.rows) if isinstance(entry, PublishedGroup) else 1 for entry in part)
+
+
+def halves(part: Sequence[ToRecord]) -> tuple[list[ToRecord], list[ToRecord]]:
+    """``part`` in two, for recording a refused statement's rows apart (call it with more
+    than one row): by its entries, or a lone group by its rows, each half a group of
+    consecutive offsets again."""
+    if len(part) > 1:
+        middle = len(part) // 2
+        return list(part[:middle]), list(part[middle:])
+    (group,) = part
+    if not isinstance(group, PublishedGroup) or len(group.rows) < 2:
+        raise ValueError("one row cannot be halved")
+    middle = len(group.rows) // 2
+    first = PublishedGroup(group.topic, group.partition, group.base_offset, group.rows[:middle])
+    second = PublishedGroup(
+        group.topic, group.partition, group.base_offset + middle, group.rows[middle:]
+    )
+    return [first], [second]

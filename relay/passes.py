@@ -1,14 +1,17 @@
 """The fetch loop's passes: where the next fetch starts, and which fetched rows it may send.
 
 A *full pass* reads the outbox from the beginning; its fetches follow each other while
-they come back full. Once one does not, the fetches after it are *cursor fetches*: they
+they reach their row limit or byte budget. Once one does not, the fetches after it are *cursor fetches*: they
 start from the cursor (or below the lowest seq notified since), until the next full pass,
 at the latest a poll interval after this one began. Every decision about that — when a
 pass must start from the beginning, where a fetch starts and how many rows it asks for,
 which rows of a cursor fetch must wait for a late commit, where a pass's later fetches
 stop, which fetched rows may be sent — is made here, over values the fetch loop passes in
-(the clock, the fetched rows, what notifications hinted). Nothing here waits or does I/O;
-relay/engine.py runs the statements and the task groups.
+(the clock, the fetched rows, what notifications hinted), and comes back as a value: a
+:data:`Decision` before each fetch, a :class:`FetchPlan` of one :class:`FetchKind`, the
+:class:`Accepted` rows after it, a prefetch plan or none. Nothing here waits or does I/O,
+and nothing needs an event loop; relay/engine.py dispatches on the values, runs the
+statements and the task groups.
 
 docs/relay.md, "Fetching: passes and the key hold", says why each rule keeps a key's
 order; relay/inflight.py keeps the rows in flight and the keys held, which these rules
@@ -19,9 +22,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from enum import Enum, auto
 
-from relay.inflight import InFlightWindow
+from relay.inflight import FetchMark, InFlightWindow
 from relay.records import OutboxRow, fetched_bytes
+
+
+class FetchKind(Enum):
+    """Where a fetch stands in its pass, which decides what its rows must not overtake."""
+
+    OPENS_PASS = auto()
+    """A full pass's first fetch, from the beginning: the pass's bound is read before its
+    statement."""
+    IN_PASS = auto()
+    """A full pass's later fetch: it sends nothing above the pass's bound."""
+    CURSOR = auto()
+    """Between full passes: each row comes with its key's earliest pending row at or below
+    the start, which it must not overtake (:meth:`Passes.accept`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,17 +50,62 @@ class FetchPlan:
     """The seq it reads after."""
     limit: int
     """At most this many rows (its bytes are bounded by the store)."""
-    cursor_fetch: bool
-    """Between full passes: each row comes with its key's earliest pending row at or below
-    the start, which it must not overtake (:meth:`Passes.accept`)."""
-    opens_pass: bool
-    """A full pass's first fetch: the pass's bound is read before its statement."""
+    kind: FetchKind
 
     @property
     def check_below(self) -> int:
         """The seq at or below which the statement looks for a row's earlier pending rows:
         the start of a cursor fetch; 0 (none) for a pass's fetches, which its bound keeps."""
-        return self.start if self.cursor_fetch else 0
+        return self.start if self.kind is FetchKind.CURSOR else 0
+
+
+@dataclass(frozen=True, slots=True)
+class News:
+    """What was asked of the fetch loop since it last looked (relay/wakeups.py)."""
+
+    full_pass_requested: bool = False
+    """The relay asked for a pass from the beginning (new lanes, a reconnected listener)."""
+    full_pass_hinted: bool = False
+    """A notification without seqs came (a redrive's wake-up, or anyone's)."""
+    full_passes_until: float = 0.0
+    """Recorded failures wait behind the cursor until then (0.0: none asked)."""
+    lowest_notified: int | None = None
+    """The lowest seq notified."""
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Nothing to fetch now: wait this long."""
+
+    seconds: float
+    for_news: bool
+    """A wake-up ends the wait early (no lane to fetch from); otherwise only a stop does
+    (the quiet after a fetch that read nothing)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaceProducer:
+    """The producer's sequences no longer match the broker's: replace it once nothing is in
+    flight, before anything is sent again."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResolveHolds:
+    """Record where these lanes' held rows hold their keys under this relay's template
+    before their rows are fetched."""
+
+    lanes: frozenset[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """Fetch from these lanes: take a slot, then :meth:`Passes.plan` the statement."""
+
+    lanes: frozenset[int]
+
+
+Decision = Wait | ReplaceProducer | ResolveHolds | Fetch
+"""What the fetch loop does next (:meth:`Passes.next`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,12 +115,13 @@ class Fetched:
     plan: FetchPlan
     rows: list[OutboxRow]
     """In seq order, minus the rows that were in flight when its statement started."""
-    full: bool
+    limit_reached: bool
     """The statement's row limit or byte budget was reached: more rows may follow at once."""
     last_seq: int | None
     """The last seq it read, rows left out included: where the cursor may move."""
-    mark: int
-    """The in-flight window's mark taken when it started (InFlightWindow.held_since)."""
+    mark: FetchMark
+    """The in-flight window's mark opened when it started (InFlightWindow.held_since);
+    closed once its rows are filtered (:meth:`Passes.sendable`)."""
     left_out: frozenset[int] = frozenset()
     """The rows in flight when its statement started."""
     bound: int | None = None
@@ -74,7 +137,7 @@ class Accepted:
     """The rows of a fetch that the pass lets through, and what comes next."""
 
     rows: list[OutboxRow]
-    full: bool
+    more_now: bool
     """The next fetch follows at once; otherwise the loop waits for news."""
     cut: bool
     """The pass ended at its bound: the next one starts from the beginning at once."""
@@ -137,11 +200,13 @@ class _HintBudget:
 class Passes:
     """The fetch loop's position in the outbox and what its current pass has seen.
 
-    The loop calls, in order: :meth:`start` (before each fetch it plans), :meth:`plan`,
-    :meth:`leave_out` and :meth:`fetched` around the statement, :meth:`accept`,
-    :meth:`sendable`, and :meth:`ended` when a fetch was not full. The acknowledging side
-    never touches this object: a failure it records asks for full passes through the
-    wake-up (relay/wakeups.py), which the loop hands to :meth:`start`.
+    The loop asks :meth:`next` what to do before each fetch it does not have in hand (with
+    the news since it last looked); on :class:`Fetch` it takes a slot and asks for the
+    :meth:`plan`. Around the statement :meth:`open_fetch` and :meth:`fetched`; then
+    :meth:`accept`, :meth:`prefetch` and :meth:`sendable`. When the rows accepted do not ask
+    for more at once, the loop waits for news, or a poll interval (:meth:`polled`). The
+    acknowledging side never touches this object: a failure it records asks for full
+    passes through the wake-up (relay/wakeups.py), whose news the loop hands in.
 
     What a fetch may send never depends on a notification: a pass's later fetches stop at
     the bound read before its first one, and a cursor fetch leaves out a row whose key has
@@ -166,18 +231,23 @@ class Passes:
         self.in_full_pass = False
         """The current fetches follow each other from the beginning (not cursor fetches)."""
         self._started_at = 0.0
-        # The window's mark taken when the pass began: keys released since may have rows
+        # The window's mark opened when the pass began: keys released since may have rows
         # the pass stepped over (relay/inflight.py).
-        self._mark: int | None = None
+        self._mark: FetchMark | None = None
         # The highest seq drawn before the pass's first fetch: its later fetches send
         # nothing above it (within_bound). None: not known, nothing is cut.
         self._bound: int | None = None
         self._fetched_lanes: frozenset[int] = frozenset()  # the lanes the last fetch read
         # A fetch left rows out that the next pass must read again (held keys, lanes lost).
         self._stepped_over = False
+        # A full pass was asked for (news, a cut, gained lanes, a poll) and has not started.
+        self._full_pass_asked = False
+        # A notification without seqs came and no full pass has started since.
+        self._full_pass_hinted = False
         # Until then every pass starts from the beginning: a failure recorded lately waits
         # behind the cursor for its retry.
         self._full_until = 0.0
+        self._lowest_notified: int | None = None  # since the last fetch was planned
         self._read_up_to = 0  # the highest seq any fetch has read
         # Below a late commit a cursor fetch found (one seq before it): where the next fetch
         # starts at the latest.
@@ -190,10 +260,37 @@ class Passes:
         self._bound_refreshing = False
         # Rows whose outcome the database refused to record: never sent again by this
         # process (a failed one's key stays held in the window).
-        self._left_out_for_good: set[int] = set()
+        self._never_send: set[int] = set()
         self._quiet_until = 0.0  # (quiet_left)
 
     # -- before a fetch -------------------------------------------------------------------
+    def next(
+        self,
+        now: float,
+        lanes: Sequence[int],
+        news: News,
+        *,
+        producer_broken: bool,
+        holds_resolved: bool,
+    ) -> Decision:
+        """What the loop does next: wait, replace the producer, resolve holds, or fetch
+        from ``lanes`` (the lanes it may publish now). Opens a full pass first when one is
+        due (:meth:`full_pass_due`)."""
+        self._heard(news)
+        if (quiet := self.quiet_left(now)) > 0:
+            return Wait(quiet, for_news=False)
+        # Lanes gained (or back) since the last fetch: the cursor has moved past their
+        # rows, so only a full pass finds them.
+        gained = bool(self.cursor) and not self._fetched_lanes.issuperset(lanes)
+        self._start(now, gained=gained)
+        if producer_broken:
+            return ReplaceProducer()
+        if not lanes:
+            return Wait(self._poll_s, for_news=True)
+        if not holds_resolved:
+            return ResolveHolds(frozenset(lanes))
+        return Fetch(frozenset(lanes))
+
     def full_pass_due(self, now: float, *, requested: bool) -> bool:
         """True when the next fetch must start from the beginning of the outbox: asked
         for (a poll, new lanes, a reconnected listener), a poll interval after the last
@@ -205,29 +302,28 @@ class Passes:
             or self._stepped_over
             or now < self._full_until
             or self._mark is None
-            or self._window.irregular_since(self._mark)
+            or self._window.may_hide_rows_behind(self._mark)
         )
 
-    def start(
-        self,
-        now: float,
-        *,
-        full_pass_requested: bool,
-        full_pass_hinted: bool = False,
-        full_passes_until: float = 0.0,
-    ) -> None:
-        """Before a fetch is planned: go back to the beginning if a full pass is due, and
-        open a pass there. ``full_pass_hinted`` is a notification without seqs (a redrive's
-        wake-up, or anyone's): honoured within the hint budget. ``full_passes_until`` comes
-        from recorded failures (their rows wait behind the cursor until they are due, and a
-        poll interval more)."""
-        self._full_until = max(self._full_until, full_passes_until)
+    def _heard(self, news: News) -> None:
+        self._full_pass_asked = self._full_pass_asked or news.full_pass_requested
+        self._full_pass_hinted = self._full_pass_hinted or news.full_pass_hinted
+        self._full_until = max(self._full_until, news.full_passes_until)
+        if news.lowest_notified is not None:
+            lowest = self._lowest_notified
+            self._lowest_notified = (
+                news.lowest_notified if lowest is None else min(lowest, news.lowest_notified)
+            )
+
+    def _start(self, now: float, *, gained: bool) -> None:
+        """Go back to the beginning if a full pass is due, and open a pass there. A hint of
+        a full pass (a notification without seqs) is honoured within the hint budget."""
         if self.cursor and (
-            self.full_pass_due(now, requested=full_pass_requested)
-            or (full_pass_hinted and self._restart_hints.take(now))
+            self.full_pass_due(now, requested=self._full_pass_asked or gained)
+            or (self._full_pass_hinted and self._restart_hints.take(now))
         ):
             # Under a continuous backlog a pass also ends after a poll interval; rows still
-            # in flight are left out of its fetches (leave_out).
+            # in flight are left out of its fetches (skipped_in_flight).
             self.cursor = 0
         if self.cursor == 0:
             self.in_full_pass = True
@@ -235,24 +331,21 @@ class Passes:
             self._back_to = None
             self._started_at = now
             if self._mark is not None:
-                self._window.fetch_done(self._mark)
-            self._mark = self._window.fetch_mark()
+                self._mark.close()
+            self._mark = self._window.open_fetch()
 
-    def lanes_gained(self, lanes: Iterable[int]) -> bool:
-        """True when lanes were gained (or are back) since the last fetch: the cursor has
-        moved past their rows, so only a full pass finds them."""
-        return bool(self.cursor) and not self._fetched_lanes.issuperset(lanes)
-
-    def plan(
-        self, lanes: Iterable[int], now: float, lowest_notified: int | None = None
-    ) -> FetchPlan:
-        """The next fetch: from the cursor, or below a late commit a cursor fetch found, or
-        below the lowest seq notified since the last fetch (within the hint budget)."""
+    def plan(self, lanes: Iterable[int], now: float, news: News = News()) -> FetchPlan:
+        """The next fetch, with the news since :meth:`next`: from the cursor, or below a late
+        commit a cursor fetch found, or below the lowest seq notified since the last fetch
+        (within the hint budget). A fetch from the beginning covers every full pass asked
+        for until now."""
+        self._heard(news)
         start = self.cursor
         if self._back_to is not None:
             start, self._back_to = min(start, self._back_to), None
-        if lowest_notified is not None:
-            notified = fetch_start(start, lowest_notified)
+        lowest, self._lowest_notified = self._lowest_notified, None
+        if lowest is not None:
+            notified = fetch_start(start, lowest)
             # Up to a batch below the start, reading again costs what a cursor fetch
             # costs, and concurrent writers commit that late all the time: always
             # honoured. Further below, within the hint budget.
@@ -260,15 +353,21 @@ class Passes:
                 start - notified <= self._batch_size or self._start_hints.take(now)
             ):
                 start = notified
-        return FetchPlan(
-            frozenset(lanes),
-            start,
-            self._batch_size,
-            cursor_fetch=not self.in_full_pass,
-            opens_pass=self.cursor == 0,
-        )
+        if start == 0:
+            self._full_pass_asked = self._full_pass_hinted = False
+        if self.cursor == 0:
+            kind = FetchKind.OPENS_PASS
+        else:
+            kind = FetchKind.IN_PASS if self.in_full_pass else FetchKind.CURSOR
+        return FetchPlan(frozenset(lanes), start, self._batch_size, kind)
 
-    def leave_out(self, plan: FetchPlan) -> frozenset[int]:
+    def open_fetch(self, plan: FetchPlan) -> tuple[frozenset[int], FetchMark]:
+        """What a fetch takes as its statement starts: the rows in flight to leave out of
+        its rows (:meth:`skipped_in_flight`), and its mark in the window (closed once its
+        rows are filtered)."""
+        return self.skipped_in_flight(plan), self._window.open_fetch()
+
+    def skipped_in_flight(self, plan: FetchPlan) -> frozenset[int]:
         """The rows in flight that the fetch may meet again, to leave out of its rows;
         taken before its statement starts.
 
@@ -281,7 +380,7 @@ class Passes:
         """
         if self._window.empty():
             return frozenset()
-        if plan.cursor_fetch or plan.start < self._read_up_to:
+        if plan.kind is FetchKind.CURSOR or plan.start < self._read_up_to:
             return self._window.seqs()
         return frozenset()
 
@@ -290,7 +389,7 @@ class Passes:
         plan: FetchPlan,
         rows: list[OutboxRow],
         *,
-        mark: int,
+        mark: FetchMark,
         left_out: frozenset[int],
         bound: int | None = None,
         started_at: float = 0.0,
@@ -304,7 +403,7 @@ class Passes:
         return Fetched(
             plan,
             [r for r in rows if r.seq not in left_out] if left_out else rows,
-            full=len(rows) == plan.limit or cut_by_bytes,
+            limit_reached=len(rows) == plan.limit or cut_by_bytes,
             last_seq=rows[-1].seq if rows else None,
             mark=mark,
             left_out=left_out,
@@ -315,11 +414,14 @@ class Passes:
 
     # -- after a fetch --------------------------------------------------------------------
     def accept(self, fetched: Fetched) -> Accepted:
-        """The rows the pass lets through, and the cursor moved past what was read."""
-        rows, full, last_seq = fetched.rows, fetched.full, fetched.last_seq
+        """The rows the pass lets through, and the cursor moved past what was read. A cut
+        asks for the next pass at once; a fetch that asks for nothing more ends the full
+        pass: the next fetch comes on news, as a cursor fetch."""
+        rows, more, last_seq = fetched.rows, fetched.limit_reached, fetched.last_seq
         self._quiet_until = fetched.started_at + QUIET_MS / 1000 if last_seq is None else 0.0
         cut = False
-        if fetched.plan.cursor_fetch:
+        kind = fetched.plan.kind
+        if kind is FetchKind.CURSOR:
             late = {
                 row.earlier
                 for row in rows
@@ -335,25 +437,31 @@ class Passes:
                     back_to = min(back_to, self._back_to)
                 self._back_to = back_to
                 rows = [row for row in rows if row.earlier not in late]
-                full = True
-        elif fetched.plan.opens_pass:
+                more = True
+        elif kind is FetchKind.OPENS_PASS:
             self._bound = fetched.bound
         else:
             rows, cut = within_bound(rows, self._bound)
-            full = full or cut
+            more = more or cut
+        if cut:
+            # The next pass starts from the beginning at once: it reads any row stepped
+            # over before its key's next one.
+            self._full_pass_asked = True
         self._fetched_lanes = fetched.plan.lanes
         if last_seq is not None:
-            # A fetch that was not full read every visible row after its start: a cursor
+            # A fetch that asks for nothing more read every visible row after its start: a cursor
             # that went back for a late commit returns to where it was.
-            self.cursor = last_seq if full else max(self.cursor, last_seq)
-        if fetched.plan.opens_pass and not full and fetched.bound:
+            self.cursor = last_seq if more else max(self.cursor, last_seq)
+        if kind is FetchKind.OPENS_PASS and not more and fetched.bound:
             # A pass's only fetch read every row visible up to the bound: the next fetches
             # start there, as cursor fetches, instead of from the beginning again (a row
             # that commits late below it is found as any late commit is).
             self.cursor = max(self.cursor, fetched.bound)
-        return Accepted(rows, full, cut)
+        if not more:
+            self.in_full_pass = False
+        return Accepted(rows, more, cut)
 
-    def may_prefetch(
+    def prefetch(
         self,
         now: float,
         accepted: Accepted,
@@ -361,33 +469,29 @@ class Passes:
         *,
         producer_broken: bool,
         slot_free: bool,
-    ) -> bool:
-        """True when the next fetch may be read while this one's rows are sent. A pass
-        older than a poll interval reads no further ahead: it ends here, so the next one
-        starts from the beginning."""
-        return (
-            accepted.full
+    ) -> FetchPlan | None:
+        """The next fetch to read while this one's rows are sent, if one may: from the
+        cursor, never below it, never opening a pass. A pass older than a poll interval
+        reads no further ahead: it ends here, so the next one starts from the beginning.
+        This fetch's rows join the window only after the prefetch's statement began
+        (skipped_in_flight); a late commit notified meanwhile is read by the next fetch
+        that is not a prefetch."""
+        if not (
+            accepted.more_now
             and not accepted.cut
             and bool(lanes)
             and self._fetched_lanes.issuperset(lanes)
             and not producer_broken
             and slot_free
             and now - self._started_at < self._poll_s
-        )
+        ):
+            return None
+        kind = FetchKind.IN_PASS if self.in_full_pass else FetchKind.CURSOR
+        return FetchPlan(frozenset(lanes), self.cursor, self._batch_size, kind)
 
-    def prefetch_plan(self, lanes: Iterable[int]) -> FetchPlan:
-        """The prefetch: from the cursor, never below it. This fetch's rows join the window
-        only after the prefetch's statement began (leave_out); a late commit notified
-        meanwhile is read by the next fetch that is not a prefetch."""
-        return FetchPlan(
-            frozenset(lanes),
-            self.cursor,
-            self._batch_size,
-            cursor_fetch=not self.in_full_pass,
-            opens_pass=False,
-        )
-
-    def sendable(self, rows: list[OutboxRow], lanes: Iterable[int], mark: int) -> list[OutboxRow]:
+    def sendable(
+        self, rows: list[OutboxRow], lanes: Iterable[int], mark: FetchMark
+    ) -> list[OutboxRow]:
         """The accepted rows of lanes still held whose keys are not held back.
 
         Lanes may have been handed back since the fetch, and keys held back by a failure
@@ -395,13 +499,13 @@ class Passes:
         released since the pass began, which may have rows the pass stepped over. The next
         pass finds every row left out here.
         """
-        if self._left_out_for_good:
-            rows = [row for row in rows if row.seq not in self._left_out_for_good]
+        if self._never_send:
+            rows = [row for row in rows if row.seq not in self._never_send]
         publishable = set(lanes)
         # Stored before the door and not measured yet: the loop has them measured, and the
         # next pass reads them whole.
         unmeasured = any(row.size is None for row in rows)
-        since = mark if self._mark is None else min(mark, self._mark)
+        since = mark.at if self._mark is None else min(mark.at, self._mark.at)
         # While nothing is held, no row needs the per-key test (the hot path).
         held_since = None if self._window.holds_nothing() else self._window.held_since
         kept = [
@@ -415,18 +519,19 @@ class Passes:
             self._stepped_over = True
         return kept
 
-    def leave_out_for_good(self, seq: int) -> None:
+    def polled(self) -> None:
+        """A poll interval passed without news: the next fetch opens a full pass (the safety
+        net for what no notification announced)."""
+        self._full_pass_asked = True
+
+    def never_send(self, seq: int) -> None:
         """Never let the row ``seq`` through again (its outcome cannot be recorded)."""
-        self._left_out_for_good.add(seq)
+        self._never_send.add(seq)
 
     @property
-    def left_out_for_good(self) -> int:
-        """How many rows are left out for good."""
-        return len(self._left_out_for_good)
-
-    def ended(self) -> None:
-        """A fetch was not full: the next one comes on news, as a cursor fetch."""
-        self.in_full_pass = False
+    def never_sent(self) -> int:
+        """How many rows are never sent again by this process."""
+        return len(self._never_send)
 
     def quiet_left(self, now: float) -> float:
         """Seconds until the next fetch may start: after one that read nothing, QUIET_MS
@@ -434,9 +539,9 @@ class Passes:
         return max(0.0, self._quiet_until - now)
 
     # -- the next pass's bound ------------------------------------------------------------
-    def bound_refresh_due(self, now: float) -> bool:
+    def take_bound_refresh(self, now: float) -> bool:
         """True when the next pass is due soon and no bound is read or being read for it:
-        the caller reads one while it waits (and hands it to :meth:`bound_read`)."""
+        the caller reads one now, while it waits, and hands it to :meth:`bound_read`."""
         if (
             now - self._started_at < self._poll_s / 2
             or self._spare_bound is not None
@@ -460,5 +565,5 @@ class Passes:
     def close(self) -> None:
         """The loop ends: the pass's mark is let go."""
         if self._mark is not None:
-            self._window.fetch_done(self._mark)
+            self._mark.close()
             self._mark = None

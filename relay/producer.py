@@ -4,9 +4,10 @@ sequence error, stop it. The pipeline sees only :class:`ProducerKeeper`."""
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import random
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import anyio
@@ -17,8 +18,8 @@ from relay.config import RelayConfig
 from relay.errors import ProducerWasReset, Stopped
 from relay.kafka_internals import check_kafka_internals
 from relay.producer_reset import ProducerReset
-from relay.publisher import BatchPublisher, Submission
-from relay.records import Hold, KafkaRecord, OutboxRow
+from relay.publisher import BatchPublisher, KeyHolds, Submission
+from relay.records import KafkaRecord, OutboxRow
 from relay.retry import backoff_ms, classify_failure
 from relay.stopping import unless_stopped
 from relay.topics import MAX_BATCH_BYTES, TopicCatalog
@@ -47,8 +48,21 @@ def make_producer(config: RelayConfig) -> AIOKafkaProducer:
     )
 
 
+class ProducerState(enum.Enum):
+    """Where the producer is in its life cycle."""
+
+    DOWN = "down"
+    """None is started (before the first start, while one is replaced, once stopped)."""
+    UP = "up"
+    """Started; records may be handed to it."""
+    BROKEN = "broken"
+    """Its sequences no longer match the broker's (a sequence error, or it was reset): it
+    must be replaced once nothing is in flight, before anything is sent again."""
+
+
 class ProducerKeeper:
-    """Holds the current producer, and what the relay knows of the broker's health."""
+    """Holds the current producer, its life cycle's :class:`ProducerState`, and what the
+    relay knows of the broker's health."""
 
     def __init__(
         self,
@@ -67,8 +81,7 @@ class ProducerKeeper:
         self._reset: ProducerReset | None = None
         # Outlives producers: what is known of each topic stays across a replacement.
         self._topics = TopicCatalog(config)
-        # Set on a sequence error: the producer must be replaced once nothing is in flight.
-        self.broken = False
+        self.state = ProducerState.DOWN
         # Batches in a row that failed retriably and published nothing.
         self.failure_streak = 0
         self._internals_checked = False
@@ -77,6 +90,17 @@ class ProducerKeeper:
     def connected(self) -> bool:
         """True while a started producer is in place."""
         return self._producer is not None
+
+    @property
+    def broken(self) -> bool:
+        """True when the producer must be replaced before anything is sent again."""
+        return self.state is ProducerState.BROKEN
+
+    def sequences_lost(self) -> None:
+        """The broker answered with a sequence error: replace the producer once nothing is
+        in flight."""
+        if self.state is ProducerState.UP:
+            self.state = ProducerState.BROKEN
 
     def answering(self) -> bool:
         """True unless the last few batches all failed retriably."""
@@ -132,6 +156,7 @@ class ProducerKeeper:
                     await stop.wait()
                 continue
             log.info("connected to kafka")
+            self.state = ProducerState.UP
             self._producer = producer
             self._reset = ProducerReset(producer)
             self._topics.attach(producer)
@@ -149,33 +174,34 @@ class ProducerKeeper:
         if self._publisher is not None:
             self._publisher.cancel_pending()
         self._reset.reset(ProducerWasReset(reason))
-        self.broken = True
+        self.state = ProducerState.BROKEN
 
     async def replace(self, stop: anyio.Event) -> None:
         """Start a new producer (new producer id, fresh sequences); call with nothing in flight."""
         log.warning("replacing the Kafka producer")
         old, self._producer = self._producer, None
+        self.state = ProducerState.DOWN
         if old is not None:
             assert self._reset is not None  # made with the producer
             await _stop_shielded(old, self._reset)
         await self.start(stop)
-        self.broken = False
 
     async def submit(
         self,
         rows: Sequence[OutboxRow],
         to_record: Callable[[OutboxRow], KafkaRecord],
-        held: Container[Hold],
-        hold_of: Callable[[OutboxRow], Hold | None],
+        holds: KeyHolds,
     ) -> Submission:
-        """Hand rows to the current producer as records (the rows of ``held`` keys on their
-        topics are skipped; :meth:`BatchPublisher.submit`)."""
+        """Hand rows to the current producer as records (the rows of keys ``holds`` holds
+        are skipped, and the keys of rows that fail are held there;
+        :meth:`BatchPublisher.submit`)."""
         assert self._publisher is not None
-        return await self._publisher.submit(rows, to_record, held, hold_of)
+        return await self._publisher.submit(rows, to_record, holds)
 
     async def stop(self) -> None:
         """Stop the topic lookups and the current producer, if any."""
         await self._topics.close()
+        self.state = ProducerState.DOWN
         if self._producer is not None:
             assert self._reset is not None  # made with the producer
             with self._reset.stopping():

@@ -7,7 +7,10 @@ over only once the partition's previous batch was acknowledged**, and if that on
 the later one fails too (:class:`PredecessorFailed`) unless the caller had held the failed
 keys back before the later one was built — so no row overtakes an earlier failed row of its
 key. Inside one submission, a row that fails (mapping, topic, size) holds back the later
-rows of its key. Why batches are built here rather than with ``send()``, and how topic
+rows of its key. The caller's holds are handed over by construction: the rows that fail
+before they are sent are held (:class:`KeyHolds`) before :meth:`BatchPublisher.submit`
+returns, and the rows of failed batches when their answers are read
+(:meth:`Submission.acknowledgements`), with nothing awaited in between. Why batches are built here rather than with ``send()``, and how topic
 limits and refusals are handled: docs/relay.md, "Publishing" and "Topics".
 """
 
@@ -15,9 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from aiokafka import AIOKafkaProducer
@@ -31,6 +34,23 @@ from relay.records import Hold, KafkaRecord, OutboxRow
 from relay.topics import TopicCatalog
 
 _PARTITION_CACHE_LIMIT = 200_000
+
+
+class KeyHolds(Protocol):
+    """Where the keys of failed rows are held back on their topics until their failures are
+    recorded (relay/inflight.py's window)."""
+
+    def hold_of(self, row: OutboxRow) -> Hold | None:
+        """What the row holds when it fails, or None."""
+        ...
+
+    def held(self) -> Set[Hold]:
+        """What is held now."""
+        ...
+
+    def hold(self, failed: Iterable[OutboxRow]) -> None:
+        """Hold back what these failed rows hold until their failures are recorded."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +99,7 @@ class Submission:
     were sent (each row with its error)."""
 
     ledger: HoldLedger
+    holds: KeyHolds
     batches: list[SubmittedBatch] = field(default_factory=list)
     failures: list[tuple[OutboxRow, BaseException]] = field(default_factory=list)
 
@@ -96,8 +117,8 @@ class Submission:
         """Each batch's answer, in submission order; one not answered within ``within_s``
         counts as timed out.
 
-        The caller holds back the keys of every row that failed before it submits again:
-        later submissions then need not fail behind these batches.
+        The keys of every row of a batch that failed are held here, before anything is
+        submitted again: later submissions then need not fail behind these batches.
         """
         if self.batches:
             with anyio.move_on_after(within_s):
@@ -108,6 +129,9 @@ class Submission:
                 # Counted as timed out: its answer, when it comes (a reset fails it), is
                 # no longer wanted; read, it is not logged as an error nobody retrieved.
                 sent.future.add_done_callback(_read_late_answer)
+        self.holds.hold(
+            row for rows, answer in answers if not isinstance(answer, Landed) for row in rows
+        )
         self.ledger.held(self.batches)
         return answers
 
@@ -155,13 +179,13 @@ class BatchPublisher:
         self,
         rows: Sequence[OutboxRow],
         to_record: Callable[[OutboxRow], KafkaRecord],
-        held: Container[Hold],
-        hold_of: Callable[[OutboxRow], Hold | None],
+        holds: KeyHolds,
     ) -> Submission:
         """Map every row and queue its record. A row that cannot be mapped fails here;
-        rows of ``held`` keys on their topics (held back by the caller) are skipped, and so
-        are the later rows of a key on a topic that failed or was skipped (``hold_of``: what
-        a row holds when it fails)."""
+        rows of keys ``holds`` holds on their topics are skipped, and so are the later rows
+        of a key on a topic that failed or was skipped. The rows that fail here are held
+        in ``holds`` before this returns."""
+        hold_of, held = holds.hold_of, holds.held()
         mapped: list[tuple[OutboxRow, KafkaRecord]] = []
         rejected: list[tuple[OutboxRow, BaseException]] = []
         rejected_holds: set[Hold] = set()
@@ -177,7 +201,7 @@ class BatchPublisher:
                 if (hold := hold_of(row)) is not None:
                     rejected_holds.add(hold)
                 rejected.append((row, exc))
-        submission = Submission(self._ledger)
+        submission = Submission(self._ledger, holds)
         topics = await self._topics.resolve({record.topic for _, record in mapped})
         # From here on nothing awaits: the held keys read below are those in force when
         # the batches are handed over.
@@ -232,6 +256,8 @@ class BatchPublisher:
             )
             self._tails[slot] = task
             submission.batches.append(SubmittedBatch(task, members))
+        # Held now: the next fetch may come before these failures are recorded.
+        holds.hold(row for row, _ in submission.failures)
         return submission
 
     async def _hand_over(

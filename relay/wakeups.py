@@ -15,6 +15,7 @@ import anyio
 from pgconnect import DB_ERRORS, connect, unavailable_cause
 from relay import sql
 from relay.liveness import Liveness
+from relay.passes import News
 from relay.retry import backoff_ms
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,9 @@ def notified_seqs(payload: str) -> tuple[int, int] | None:
     return seqs if 0 < seqs[0] <= seqs[1] else None
 
 
+_NO_NEWS = News()
+
+
 class WakeUp:
     """A flag the fetch loop waits on: set by notifications and news, cleared by the loop.
 
@@ -107,11 +111,6 @@ class WakeUp:
         wake the loop; it reads this before its next fetch."""
         self._full_passes_until = max(self._full_passes_until, deadline)
 
-    def take_full_passes_until(self) -> float:
-        """The deadline asked for since the last call (0.0: none)."""
-        deadline, self._full_passes_until = self._full_passes_until, 0.0
-        return deadline
-
     def notified(self, payload: str) -> None:
         """A notification came; a trigger's payload says which seqs its statement wrote."""
         seqs = notified_seqs(payload)
@@ -122,24 +121,22 @@ class WakeUp:
             self._lowest = lowest if self._lowest is None else min(self._lowest, lowest)
         self.set()
 
-    def full_pass_requested(self) -> bool:
-        """True when the relay asked for a full pass since the last one started."""
-        return self._full_pass
-
-    def full_pass_hinted(self) -> bool:
-        """True when a notification without seqs came since the last full pass started."""
-        return self._full_pass_hinted
-
-    def take_lowest_notified(self) -> int | None:
-        """The lowest seq notified since the last call, if any: a fetch starting now sees
-        every row committed so far."""
-        lowest, self._lowest = self._lowest, None
-        return lowest
-
-    def pass_started(self) -> None:
-        """A fetch from the beginning starts now: it covers every full pass asked for."""
-        self._full_pass = False
-        self._full_pass_hinted = False
+    def take_news(self) -> News:
+        """What was asked since the last call, and forget it: the fetch loop's passes keep
+        it from here on (relay/passes.py)."""
+        if not (self._full_pass or self._full_pass_hinted or self._full_passes_until) and (
+            self._lowest is None
+        ):
+            return _NO_NEWS
+        news = News(
+            full_pass_requested=self._full_pass,
+            full_pass_hinted=self._full_pass_hinted,
+            full_passes_until=self._full_passes_until,
+            lowest_notified=self._lowest,
+        )
+        self._full_pass = self._full_pass_hinted = False
+        self._full_passes_until, self._lowest = 0.0, None
+        return news
 
     def clear(self) -> None:
         """Forget earlier wake-ups: the loop is about to look for work anyway."""

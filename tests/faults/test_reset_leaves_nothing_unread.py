@@ -18,6 +18,7 @@ import anyio
 import pytest
 
 from relay.config import RelayConfig
+from relay.inflight import InFlightWindow
 from relay.producer import ProducerKeeper
 from relay.publisher import Submission
 from relay.records import KafkaRecord
@@ -44,12 +45,8 @@ class _Rows:
         ]
         self.n += count
         records = {row.seq: _record(self.topic, row.seq) for row in rows}
-        return await self.keeper.submit(
-            rows,
-            lambda row: records[row.seq],
-            frozenset(),
-            lambda row: (self.topic, row.aggregateid),
-        )
+        holds = InFlightWindow(8, hold_of=lambda row: (self.topic, row.aggregateid))
+        return await self.keeper.submit(rows, lambda row: records[row.seq], holds)
 
 
 async def _landed(submission: Submission) -> bool:

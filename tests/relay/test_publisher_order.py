@@ -4,15 +4,16 @@ broker rejects is never overtaken by a later batch of the same partition."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Container
+import itertools
 
 import pytest
 from aiokafka import AIOKafkaProducer
 
 from relay.config import RelayConfig
 from relay.errors import PredecessorFailed
+from relay.inflight import InFlightWindow
 from relay.publisher import BatchPublisher, Submission
-from relay.records import Hold, KafkaRecord
+from relay.records import Hold, KafkaRecord, OutboxRow
 from relay.retry import HELD_BEHIND_FAILURE, RECORD_TOO_LARGE, classify_failure
 from relay.topics import TopicCatalog
 from tests.support.kafka import create_topics, read_topic
@@ -35,22 +36,29 @@ def _record(topic: str, n: int, size: int, key: bytes = b"k") -> KafkaRecord:
     )
 
 
+# Every row these tests submit has a seq of its own, mapped to exactly its record.
+_RECORDS: dict[int, KafkaRecord] = {}
+_SEQS = itertools.count(1)
+
+
+def _hold_of(row: OutboxRow) -> Hold:
+    """What a row holds when it fails: its key on its record's topic."""
+    return (_RECORDS[row.seq].topic, row.aggregateid)
+
+
+def _holds() -> InFlightWindow:
+    """Where the publisher holds failed keys, as the relay's in-flight window does."""
+    return InFlightWindow(8, hold_of=_hold_of)
+
+
 async def _submit(
-    publisher: BatchPublisher, *records: KafkaRecord, held: Container[Hold] = frozenset()
+    publisher: BatchPublisher, *records: KafkaRecord, holds: InFlightWindow | None = None
 ) -> Submission:
     """Submit one row per record, mapped to exactly that record (and holding its key on
-    its topic when it fails)."""
-    rows = [
-        make_row(seq=seq, aggregateid=record.key.decode())
-        for seq, record in enumerate(records, start=1)
-    ]
-    by_seq = {row.seq: record for row, record in zip(rows, records, strict=True)}
-    return await publisher.submit(
-        rows,
-        lambda row: by_seq[row.seq],
-        held,
-        lambda row: (by_seq[row.seq].topic, row.aggregateid),
-    )
+    its topic in ``holds`` when it fails)."""
+    rows = [make_row(seq=next(_SEQS), aggregateid=record.key.decode()) for record in records]
+    _RECORDS.update((row.seq, record) for row, record in zip(rows, records, strict=True))
+    return await publisher.submit(rows, lambda row: _RECORDS[row.seq], holds or _holds())
 
 
 async def _read_all(bootstrap: str, topic: str) -> list[bytes]:
@@ -108,18 +116,20 @@ async def test_a_partition_sends_again_once_its_failed_keys_are_held(
     topics.attach(producer)
     try:
         publisher = BatchPublisher(producer, topics)
-        refused = await _submit(publisher, _record(topic, 1, 4_000))
-        behind = await _submit(publisher, _record(topic, 2, 10))
-        # The answers are taken, and the caller holds the failed key back from here on (as
-        # the relay does when it settles the batch); a batch built afterwards leaves that
-        # key out and is sent.
+        holds = _holds()
+        refused = await _submit(publisher, _record(topic, 1, 4_000), holds=holds)
+        behind = await _submit(publisher, _record(topic, 2, 10), holds=holds)
+        assert not holds.held()
+        # Taking the answers holds the failed batches' keys back from here on (as when
+        # the relay settles them); a batch built afterwards leaves that key out and is sent.
         await refused.acknowledgements(within_s=30)
         await behind.acknowledgements(within_s=30)
+        assert set(holds.held()) == {(topic, "k")}
         held = await _submit(
             publisher,
             _record(topic, 3, 10),
             KafkaRecord(topic, b"other", b'{"n":4}', []),
-            held={(topic, "k")},
+            holds=holds,
         )
         await asyncio.wait([b.future for b in held.batches], timeout=30)
     finally:

@@ -41,14 +41,21 @@ async def test_a_new_window_is_empty_with_every_slot_free() -> None:
 
 async def test_slots_run_out_at_capacity_and_come_back_on_release_or_give_back() -> None:
     window = new_window(2)
-    await window.take_slot()
-    assert window.slot_free()
-    await window.take_slot()
+    with await window.take_slot():
+        assert window.slot_free()
+        fetched_nothing = await window.take_slot()
+        assert not window.slot_free()
+        assert window.try_take_slot() is None
+        fetched_nothing.give_back()  # a batch that fetched nothing
+        fetched_nothing.give_back()  # once only
+        assert window.slot_free()
+    assert window.slot_free()  # the first one came back at the end of its block
+    taken = window.try_take_slot()
+    assert taken is not None and window.try_take_slot() is not None
     assert not window.slot_free()
-    window.give_back_slot()  # a batch that fetched nothing
-    assert window.slot_free()
-    await window.take_slot()
-    window.admit([row(1)])
+    with taken:
+        window.admit([row(1)], taken)
+    assert not window.slot_free()  # its batch took it: the block's end gave nothing back
     window.release([row(1)], [])
     assert window.slot_free()
 
@@ -57,8 +64,7 @@ async def test_admitted_rows_keep_their_lanes_until_their_batch_is_released() ->
     window = new_window(2)
     first, second = [row(1, lane=3), row(2, lane=5)], [row(3, lane=5)]
     for batch in (first, second):
-        await window.take_slot()
-        window.admit(batch)
+        window.admit(batch, await window.take_slot())
     assert window.lanes() == {3, 5}
     window.release(first, [])
     assert not window.empty()
@@ -85,8 +91,7 @@ async def test_wait_empty_returns_when_the_last_batch_is_released() -> None:
     window = new_window(2)
     first, second = [row(1)], [row(2)]
     for batch in (first, second):
-        await window.take_slot()
-        window.admit(batch)
+        window.admit(batch, await window.take_slot())
     returned = anyio.Event()
 
     async def waiter() -> None:
@@ -106,19 +111,16 @@ async def test_wait_empty_returns_when_the_last_batch_is_released() -> None:
 
 async def test_wait_empty_waits_again_after_the_window_refilled() -> None:
     window = new_window(1)
-    await window.take_slot()
-    window.admit([row(1)])
+    window.admit([row(1)], await window.take_slot())
     window.release([row(1)], [])  # emptied once
-    await window.take_slot()
-    window.admit([row(2)])
+    window.admit([row(2)], await window.take_slot())
     with pytest.raises(TimeoutError), anyio.fail_after(0.05):
         await window.wait_empty()
 
 
 async def test_seqs_and_held_keys_show_what_is_in_flight_now() -> None:
     window = new_window(2)
-    await window.take_slot()
-    window.admit([row(3, key="a"), row(5, key="b")])
+    window.admit([row(3, key="a"), row(5, key="b")], await window.take_slot())
     window.hold(failed("a"))
     seqs, held = window.seqs(), window.held()
     assert seqs == {3, 5}
@@ -131,41 +133,40 @@ async def test_seqs_and_held_keys_show_what_is_in_flight_now() -> None:
 
 # -- keys released while a fetch was open --------------------------------------------------
 async def held_then_released(window: InFlightWindow, key: str) -> None:
-    await window.take_slot()
-    window.admit([row(1, key=key)])
+    window.admit([row(1, key=key)], await window.take_slot())
     window.hold(failed(key))
     window.release([row(1, key=key)], failed(key))
 
 
 async def test_a_key_released_while_a_fetch_is_open_stays_held_from_its_rows() -> None:
     window = new_window(2)
-    mark = window.fetch_mark()
+    mark = window.open_fetch()
     await held_then_released(window, "k")
     assert not window.is_held(keyed("k"))
-    assert window.held_since(keyed("k"), mark)
-    assert not window.held_since(keyed("other"), mark)
-    window.fetch_done(mark)
-    later = window.fetch_mark()  # a fetch after the release: the database holds the key
-    assert not window.held_since(keyed("k"), later)
+    assert window.held_since(keyed("k"), mark.at)
+    assert not window.held_since(keyed("other"), mark.at)
+    mark.close()
+    later = window.open_fetch()  # a fetch after the release: the database holds the key
+    assert not window.held_since(keyed("k"), later.at)
 
 
 async def test_a_key_released_before_a_fetch_started_is_free_for_it() -> None:
     window = new_window(2)
-    earlier = window.fetch_mark()
+    earlier = window.open_fetch()
     await held_then_released(window, "k")
-    mark = window.fetch_mark()
-    assert window.held_since(keyed("k"), earlier)
-    assert not window.held_since(keyed("k"), mark)
+    mark = window.open_fetch()
+    assert window.held_since(keyed("k"), earlier.at)
+    assert not window.held_since(keyed("k"), mark.at)
 
 
 async def test_releases_are_forgotten_once_no_fetch_that_needs_them_is_open() -> None:
     window = new_window(2)
-    first = window.fetch_mark()
+    first = window.open_fetch()
     await held_then_released(window, "k")
-    second = window.fetch_mark()
-    window.fetch_done(second)
-    assert window.held_since(keyed("k"), first)  # the first fetch is still open
-    window.fetch_done(first)
+    second = window.open_fetch()
+    second.close()
+    assert window.held_since(keyed("k"), first.at)  # the first fetch is still open
+    first.close()
     assert window._released_at == {}
 
 
@@ -178,49 +179,49 @@ async def test_a_release_with_no_fetch_open_is_not_remembered() -> None:
 async def test_a_retried_row_recorded_mid_pass_keeps_its_key_out_of_that_pass() -> None:
     # The database held the key behind the retried row; the pass stepped over those rows.
     window = new_window(2)
-    pass_mark = window.fetch_mark()
-    await window.take_slot()
+    pass_mark = window.open_fetch()
+    slot = await window.take_slot()
     retried = make_row(seq=1, aggregateid="k", aggregatetype="order", holds_key=True)
-    window.admit([retried, row(2, key="other")])
-    fetch = window.fetch_mark()
-    window.fetch_done(fetch)
+    window.admit([retried, row(2, key="other")], slot)
+    fetch = window.open_fetch()
+    fetch.close()
     window.release([retried, row(2, key="other")], [])
-    assert window.held_since(keyed("k"), pass_mark)  # the rest of this pass leaves "k" alone
-    assert not window.held_since(keyed("other"), pass_mark)  # an ordinary row lifts no hold
-    window.fetch_done(pass_mark)
-    assert not window.held_since(keyed("k"), window.fetch_mark())  # the next pass reads it in order
+    assert window.held_since(keyed("k"), pass_mark.at)  # the rest of this pass leaves "k" alone
+    assert not window.held_since(keyed("other"), pass_mark.at)  # an ordinary row lifts no hold
+    pass_mark.close()
+    assert not window.held_since(
+        keyed("k"), window.open_fetch().at
+    )  # the next pass reads it in order
 
 
 async def test_a_retried_row_still_in_flight_releases_its_key_only_with_its_last_copy() -> None:
     window = new_window(2)
-    pass_mark = window.fetch_mark()
+    pass_mark = window.open_fetch()
     first, second = (
         make_row(seq=s, aggregateid="k", aggregatetype="order", holds_key=True) for s in (1, 2)
     )
-    await window.take_slot()
-    await window.take_slot()
-    window.admit([first])
-    window.admit([second])
+    window.admit([first], await window.take_slot())
+    window.admit([second], await window.take_slot())
     window.release([first], [])
-    assert not window.held_since(keyed("k"), pass_mark)
+    assert not window.held_since(keyed("k"), pass_mark.at)
     window.release([second], [])
-    assert window.held_since(keyed("k"), pass_mark)
+    assert window.held_since(keyed("k"), pass_mark.at)
 
 
 async def test_holds_nothing_only_while_no_key_could_be_held_since_any_open_fetch() -> None:
     window = new_window(2)
     assert window.holds_nothing()
-    mark = window.fetch_mark()  # a fetch is open while the key is held and released
+    mark = window.open_fetch()  # a fetch is open while the key is held and released
     window.hold(failed("a"))
     assert not window.holds_nothing()
     await window.take_slot()
     window.release([], failed("a"))
     # released after that fetch began: its rows of "a" are still held back
-    assert window.held_since(keyed("a"), mark)
+    assert window.held_since(keyed("a"), mark.at)
     assert not window.holds_nothing()
-    window.fetch_done(mark)
+    mark.close()
     assert window.holds_nothing()
-    assert not window.held_since(keyed("a"), window.fetch_mark())
+    assert not window.held_since(keyed("a"), window.open_fetch().at)
 
 
 async def test_a_key_is_held_on_its_topic_only_and_a_row_that_can_go_nowhere_holds_nothing() -> (
@@ -233,3 +234,34 @@ async def test_a_key_is_held_on_its_topic_only_and_a_row_that_can_go_nowhere_hol
     assert not window.is_held(row(4, key="k", aggregatetype="customer"))
     assert not window.is_held(row(5, key="j", aggregatetype="x y"))  # "t.x y": no topic
     assert window.held() == {("t.order", "k")}
+
+
+def test_a_window_and_its_handles_need_no_event_loop_until_something_waits() -> None:
+    """The fetch loop's decisions are tested without one (tests/unit/test_passes.py)."""
+    window = new_window(1)
+    slot = window.try_take_slot()
+    assert slot is not None
+    with window.open_fetch() as mark:
+        window.admit([row(1, key="k")], slot)
+        window.hold(failed("k"))
+        window.release([row(1, key="k")], failed("k"))
+        assert window.held_since(keyed("k"), mark.at)  # released while it was open
+    assert window.holds_nothing()  # closed at the end of its block: nothing remembered
+    assert window.empty() and window.slot_free()
+
+
+async def test_a_slot_that_is_waited_for_comes_when_a_batch_is_released() -> None:
+    window = new_window(1)
+    window.admit([row(1)], await window.take_slot())
+    got: list[object] = []
+
+    async def taker() -> None:
+        got.append(await window.take_slot())
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as group:
+            group.start_soon(taker)
+            await anyio.wait_all_tasks_blocked()
+            assert got == []  # waiting: the one slot is in flight
+            window.release([row(1)], [])
+    assert len(got) == 1 and not window.slot_free()

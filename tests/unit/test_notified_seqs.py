@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from relay.passes import fetch_start
+from relay.passes import News, fetch_start
 from relay.wakeups import WakeUp, notified_seqs
 
 
@@ -50,23 +50,24 @@ def test_fetch_start(cursor: int, lowest: int | None, start: int) -> None:
     assert fetch_start(cursor, lowest) == start
 
 
-def test_a_payload_without_seqs_hints_at_a_full_pass_and_a_pass_from_zero_answers_it() -> None:
+def test_a_payload_without_seqs_hints_at_a_full_pass_and_taking_the_news_forgets_it() -> None:
     wake = WakeUp()
+    assert wake.take_news() == News()
     wake.notified("5,9")
     wake.notified("3,4")
-    assert not wake.full_pass_hinted() and not wake.full_pass_requested()
-    assert wake.take_lowest_notified() == 3
-    assert wake.take_lowest_notified() is None  # covered by the fetch that starts now
+    assert wake.take_news() == News(lowest_notified=3)
+    assert wake.take_news() == News()  # handed to the passes, which keep it from there
     wake.notified("")
-    assert wake.full_pass_hinted() and wake.is_set()
-    assert not wake.full_pass_requested()  # a hint, not the relay's own request
-    wake.pass_started()
-    assert not wake.full_pass_hinted()
+    assert wake.is_set()
+    # a hint, not the relay's own request
+    assert wake.take_news() == News(full_pass_hinted=True)
+    assert wake.take_news() == News()
 
 
 def test_the_relay_s_own_full_pass_request_is_told_apart_from_a_hint() -> None:
     wake = WakeUp()
     wake.request_full_pass()
-    assert wake.full_pass_requested() and not wake.full_pass_hinted()
-    wake.pass_started()
-    assert not wake.full_pass_requested()
+    wake.request_full_passes_until(12.5)
+    wake.request_full_passes_until(3.0)  # the later deadline holds
+    assert wake.take_news() == News(full_pass_requested=True, full_passes_until=12.5)
+    assert wake.take_news() == News()

@@ -5,10 +5,21 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from aiokafka import errors as kafka_errors
 
 from relay.errors import RecordRejected
-from relay.outcome import Acknowledgement, FailedRow, Landed, PublishedGroup, sort_outcome
+from relay.outcome import (
+    Acknowledgement,
+    Delayed,
+    FailedRow,
+    Landed,
+    PublishedGroup,
+    ToRecord,
+    halves,
+    rows_in,
+    sort_outcome,
+)
 from relay.publisher import HoldLedger, SubmittedBatch
 from relay.records import OutboxRow
 from relay.retry import BROKER_TIMEOUT, BROKER_UNAVAILABLE, PRODUCER_STATE, FailureClass
@@ -98,3 +109,32 @@ async def test_a_batch_whose_keys_were_never_held_holds_every_later_one_back() -
     ledger = HoldLedger()
     never_held: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     assert not ledger.held_before(never_held, ledger.next_number())
+
+
+def test_an_outcome_refused_for_its_content_is_halved_into_slices_of_consecutive_offsets() -> None:
+    """Recorded apart, a refused statement's rows stay in partition-batch slices (one
+    receipt entry each), down to a single row, never exploded into one group per row."""
+    failed = Delayed(FailedRow(ROWS[5], BROKER_TIMEOUT), 100)
+    part: list[ToRecord] = [PublishedGroup("t", 0, 10, ROWS[:4]), failed]
+    assert rows_in(part) == 5
+    first, second = halves(part)
+    assert (first, second) == ([PublishedGroup("t", 0, 10, ROWS[:4])], [failed])
+    left, right = halves(first)
+    assert left == [PublishedGroup("t", 0, 10, ROWS[:2])]
+    assert right == [PublishedGroup("t", 0, 12, ROWS[2:4])]  # offsets run on
+    # down to one row each: offset 13 is ROWS[3]'s, as in the whole group
+    assert halves(right) == (
+        [PublishedGroup("t", 0, 12, [ROWS[2]])],
+        [PublishedGroup("t", 0, 13, [ROWS[3]])],
+    )
+
+
+@pytest.mark.parametrize(
+    "one",
+    [PublishedGroup("t", 0, 1, [ROWS[0]]), Delayed(FailedRow(ROWS[0], BROKER_TIMEOUT), 1)],
+    ids=["published", "failed"],
+)
+def test_one_row_cannot_be_halved(one: ToRecord) -> None:
+    assert rows_in([one]) == 1
+    with pytest.raises(ValueError, match="one row"):
+        halves([one])

@@ -11,7 +11,7 @@ import pytest
 
 import relay.producer
 from relay.config import RelayConfig
-from relay.producer import ProducerKeeper
+from relay.producer import ProducerKeeper, ProducerState
 
 CONFIG = RelayConfig(database_url=None, kafka_bootstrap="k:9092")
 
@@ -80,11 +80,13 @@ async def test_replace_stops_the_old_producer_and_starts_a_fresh_one() -> None:
     keeper = keeper_with(made)
     stop = anyio.Event()
     assert await keeper.start(stop)
-    keeper.broken = True
+    assert keeper.state is ProducerState.UP
+    keeper.sequences_lost()
+    assert keeper.broken
     await keeper.replace(stop)
     assert [(p.started, p.stopped) for p in made] == [(True, True), (True, False)]
     assert keeper.connected
-    assert not keeper.broken
+    assert keeper.state is ProducerState.UP and not keeper.broken
     await keeper.stop()
     assert made[1].stopped
 
@@ -126,3 +128,14 @@ async def test_a_producer_that_cannot_start_is_logged_once_per_cause(
         ("DEBUG", "connection refused"),
         ("WARNING", "timed out"),
     ]
+
+
+async def test_a_stopped_keeper_is_down_and_a_lost_sequence_before_a_start_is_ignored() -> None:
+    made: list[FakeProducer] = []
+    keeper = keeper_with(made)
+    keeper.sequences_lost()  # no producer yet: nothing to replace
+    assert keeper.state is ProducerState.DOWN and not keeper.broken
+    stop = anyio.Event()
+    assert await keeper.start(stop)
+    await keeper.stop()
+    assert keeper.state is ProducerState.DOWN
