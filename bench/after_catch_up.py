@@ -40,7 +40,6 @@ import os
 import re
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -61,6 +60,7 @@ from bench.peers.workload import (
     fill_backlog,
     paced,
 )
+from bench.runs import main_runs, rotated
 from migrations.runner import apply, load_migrations
 from relay.records import MAX_FETCHED_ROW_BYTES
 from relay.sql import FETCH_READY
@@ -458,39 +458,31 @@ def line(f: dict[str, Any]) -> str:
     )
 
 
-async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Every run: each condition in turn."""
-    server_url = os.environ["DATABASE_URL"]
-    bootstrap = os.environ["KAFKA_BOOTSTRAP_SERVERS"]
-    results = []
-    for run in range(args.runs):
-        shift = run % len(args.conditions)
-        for condition in args.conditions[shift:] + args.conditions[:shift]:
-            figures = await measure_condition(server_url, bootstrap, condition, args)
-            figures["run"] = run + 1
-            results.append(figures)
-            print(line(figures), flush=True)
-            for mode, plan in figures["explain"].items():
-                print(
-                    f"    EXPLAIN {mode}: {plan['execution_ms']} ms, {plan['buffers']} buffers; "
-                    + "; ".join(plan["index_scans"]),
-                    flush=True,
-                )
-            if "profile" in figures:
-                print(
-                    f"    profile: {figures['profile'].get('shares') or figures['profile']}",
-                    flush=True,
-                )
-    print("\nmedians:")
-    for condition in args.conditions:
+def report(figures: dict[str, Any]) -> str:
+    """One condition's window: its line, its plans and, with ``--profile``, its profile."""
+    lines = [line(figures)]
+    for mode, plan in figures["explain"].items():
+        lines.append(
+            f"    EXPLAIN {mode}: {plan['execution_ms']} ms, {plan['buffers']} buffers; "
+            + "; ".join(plan["index_scans"])
+        )
+    if "profile" in figures:
+        lines.append(f"    profile: {figures['profile'].get('shares') or figures['profile']}")
+    return "\n".join(lines)
+
+
+def medians(results: list[dict[str, Any]], conditions: list[str]) -> str:
+    """Each condition's medians."""
+    lines = ["medians:"]
+    for condition in conditions:
         mine = [r for r in results if r["condition"] == condition]
-        print(
+        lines.append(
             f"  {condition:>16}: p50 {statistics.median(r['p50'] for r in mine):.1f}, p99 "
             f"{statistics.median(r['p99'] for r in mine):.1f} ms, relay "
             f"{statistics.median(r['relay_us'] for r in mine):.0f} us/ev, writers "
             f"{statistics.median(r['writers_rate'] for r in mine):.0f}/s ({len(mine)} runs)"
         )
-    return results
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -508,18 +500,19 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.conditions) - set(CONDITIONS)
     if unknown:
         parser.error(f"unknown conditions: {', '.join(sorted(unknown))}")
-    if not os.environ.get("DATABASE_URL") or not os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        print(
-            "bench.after_catch_up: DATABASE_URL and KAFKA_BOOTSTRAP_SERVERS are needed",
-            file=sys.stderr,
-        )
-        return 2
-    results = asyncio.run(main_async(args))
-    if args.json:
-        with args.json.open("a") as out:
-            for figures in results:
-                out.write(json.dumps(figures, default=str) + "\n")
-    return 0
+
+    async def measure_cell(server_url: str, bootstrap: str, condition: str) -> dict[str, Any]:
+        return await measure_condition(server_url, bootstrap, condition, args)
+
+    return main_runs(
+        "after_catch_up",
+        runs=args.runs,
+        conditions=lambda run: rotated(args.conditions, run),
+        measure=measure_cell,
+        show=report,
+        medians=lambda results: medians(results, args.conditions),
+        json_lines=args.json,
+    )
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -39,6 +38,7 @@ from bench import database_stats
 from bench.conftest import REPO, start_relay_process
 from bench.endurance import AGGREGATE, LANES, Ledger, write
 from bench.peers import measure
+from bench.runs import main_runs, rotated
 from tests.support.services import with_database
 
 SAMPLE_S = 1.0
@@ -194,38 +194,18 @@ def line(figures: dict[str, Any]) -> str:
     )
 
 
-async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Every run: each rate, each source in turn (the first one moving on by one a run)."""
-    server_url = os.environ["DATABASE_URL"]
-    bootstrap = os.environ["KAFKA_BOOTSTRAP_SERVERS"]
-    results = []
-    sources: list[Path] = args.source or [REPO]
-    for run in range(args.runs):
-        for rate in args.rate:
-            shift = run % len(sources)
-            for source in sources[shift:] + sources[:shift]:
-                figures = await measure_once(
-                    server_url,
-                    bootstrap,
-                    source,
-                    rate=rate,
-                    seconds=args.seconds,
-                    warmup_s=args.warmup_seconds,
-                    sidecar=args.sidecar,
-                )
-                figures["run"] = run + 1
-                results.append(figures)
-                print(line(figures), flush=True)
-    print("\nmedians (relay / PostgreSQL us per event):")
-    for rate in args.rate:
+def medians(results: list[dict[str, Any]], rates: list[int], sources: list[Path]) -> str:
+    """Each source's medians at each rate."""
+    lines = ["medians (relay / PostgreSQL us per event):"]
+    for rate in rates:
         for source in sources:
             mine = [r for r in results if r["rate"] == rate and r["source"] == str(source)]
             relay = statistics.median(r["relay_us"] for r in mine)
             postgres = statistics.median(r["postgres_us"] for r in mine)
-            print(
+            lines.append(
                 f"  {source} at {rate}/s: relay {relay:.0f}, PostgreSQL {postgres:.0f} ({len(mine)} runs)"
             )
-    return results
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,18 +227,35 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--source {source}: not a checkout of this project")
     if min(args.rate) < 1 or args.seconds < 5 or args.runs < 1:
         parser.error("--rate must be positive, --seconds at least 5, --runs at least 1")
-    if not os.environ.get("DATABASE_URL") or not os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        print(
-            "bench.cpu_per_event: DATABASE_URL and KAFKA_BOOTSTRAP_SERVERS are needed (.services/env)",
-            file=sys.stderr,
+    sources: list[Path] = args.source or [REPO]
+
+    def conditions(run: int) -> list[tuple[int, Path]]:
+        """Each rate, each source in turn (the first one moving on by one a run)."""
+        return [(rate, source) for rate in args.rate for source in rotated(sources, run)]
+
+    async def measure_cell(
+        server_url: str, bootstrap: str, cell: tuple[int, Path]
+    ) -> dict[str, Any]:
+        rate, source = cell
+        return await measure_once(
+            server_url,
+            bootstrap,
+            source,
+            rate=rate,
+            seconds=args.seconds,
+            warmup_s=args.warmup_seconds,
+            sidecar=args.sidecar,
         )
-        return 2
-    results = asyncio.run(main_async(args))
-    if args.json:
-        with args.json.open("a") as out:
-            for figures in results:
-                out.write(json.dumps(figures) + "\n")
-    return 0
+
+    return main_runs(
+        "cpu_per_event",
+        runs=args.runs,
+        conditions=conditions,
+        measure=measure_cell,
+        show=line,
+        medians=lambda results: medians(results, args.rate, sources),
+        json_lines=args.json,
+    )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import UnknownTopicOrPartitionError
+from aiokafka.errors import UnknownTopicOrPartitionError, for_code
 
 from scripts.services.host import command_line, pid_listening_on
 
@@ -35,16 +35,51 @@ PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 
 
 async def create_topic(
-    bootstrap: str, topic: str, *, partitions: int = PARTITIONS, log_append_time: bool = True
+    bootstrap: str,
+    topic: str,
+    *,
+    partitions: int = PARTITIONS,
+    log_append_time: bool = True,
+    ready_timeout: float = 30.0,
 ) -> None:
-    """A topic (6 partitions), stamped with the broker's append time unless told otherwise."""
+    """A topic (6 partitions), stamped with the broker's append time unless told otherwise,
+    returned once the broker's metadata gives every partition a leader: a system started
+    earlier would find the topic unknown and publish nothing. Every run names its topics
+    afresh, so a topic already there is an error like any other the broker answers."""
     configs = {"message.timestamp.type": "LogAppendTime"} if log_append_time else {}
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(topic, partitions, 1, topic_configs=configs)])
+        response = await admin.create_topics(
+            [NewTopic(topic, partitions, 1, topic_configs=configs)]
+        )
+        for name, code, *message in response.topic_errors:
+            if code != 0:
+                said = f": {message[0]}" if message and message[0] else ""
+                raise RuntimeError(
+                    f"the broker did not create {name} ({for_code(code).__name__},"
+                    f" error {code}{said})"
+                )
+        await _wait_for_leaders(admin, topic, partitions, ready_timeout)
     finally:
         await admin.close()
+
+
+async def _wait_for_leaders(
+    admin: AIOKafkaAdminClient, topic: str, partitions: int, timeout: float
+) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        (described,) = await admin.describe_topics([topic])
+        led = [p for p in described["partitions"] if p["error_code"] == 0 and p["leader"] >= 0]
+        if described["error_code"] == 0 and len(led) == partitions:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"{topic}: {len(led)} of {partitions} partitions have a leader in the"
+                f" broker's metadata {timeout:.0f} s after it was created"
+            )
+        await asyncio.sleep(0.05)
 
 
 async def delete_topics(bootstrap: str, topics: list[str]) -> None:

@@ -7,8 +7,11 @@ nothing is sent."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,43 +84,70 @@ def _spans_named(receiver: OtlpReceiver, name: str) -> list[tuple[dict[str, Any]
     return [(resource, span) for resource, span in receiver.spans() if span.name == name]
 
 
-@pytest.mark.timeout(300)
-async def test_the_image_exports_spans_over_otlp_http_when_otel_variables_say_so(
+@dataclass
+class TracedImage:
+    """The image's process, ready, beside the receiver its OTEL_* variables name."""
+
+    receiver: OtlpReceiver
+    process: asyncio.subprocess.Process
+    log: Path
+
+    async def stop(self) -> list[dict[str, Any]]:
+        """SIGTERM, as a rollout stops it; its JSON log lines, the last ones included."""
+        if self.process.returncode is None:
+            self.process.terminate()
+            await asyncio.wait_for(self.process.wait(), 30)
+        return _log_lines(self.log)
+
+
+@pytest.fixture
+async def traced_image(
+    request: pytest.FixtureRequest,
     image: dict[str, Any],
     database_url: str,
     kafka_bootstrap: str,
     topic_namespace: str,
     tmp_path: Path,
-) -> None:
-    topic = f"{topic_namespace}.order"
+) -> AsyncIterator[TracedImage]:
+    """The image's process exporting to a receiver on loopback every 100 ms, given the
+    OTEL_* variables of an indirect parameter besides; stopped at the end if still running."""
     async with otlp_receiver() as receiver:
-        process = _image_process(
+        pod = _image_process(
             image,
             database_url,
             kafka_bootstrap,
             topic_namespace,
             OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
             OTEL_BSP_SCHEDULE_DELAY="100",
+            **getattr(request, "param", {}),
         )
-        async with running(process, tmp_path):
-            await wait_until(lambda: _ready(process), what="the process ready", timeout=60)
-            conn = await asyncpg.connect(database_url)
-            try:
-                traceparent = f"00-{TRACE_ID}-{PARENT_ID}-01"
-                await conn.execute(_INSERT, "order-1", traceparent, None)
-                published = await read_topic(kafka_bootstrap, topic, count=1, timeout=60)
-                assert [r.key for r in published] == [b"order-1"]
-                # Routed outside --allowed-topics: fails in its batch, which is a span too.
-                await conn.execute(_INSERT, "order-2", None, "elsewhere.order")
-            finally:
-                await conn.close()
-            await wait_until(
-                lambda: _spans_named(receiver, f"send {topic}") and _failed(receiver),
-                what="both batches' spans at the receiver",
-                timeout=60,
-            )
-        log = tmp_path / f"{process.name}.log"
-        lines = _log_lines(log)
+        async with running(pod, tmp_path) as process:
+            await wait_until(lambda: _ready(pod), what="the process ready", timeout=60)
+            yield TracedImage(receiver, process, tmp_path / f"{pod.name}.log")
+
+
+@pytest.mark.timeout(300)
+async def test_the_image_exports_spans_over_otlp_http_when_otel_variables_say_so(
+    traced_image: TracedImage, database_url: str, kafka_bootstrap: str, topic_namespace: str
+) -> None:
+    receiver = traced_image.receiver
+    topic = f"{topic_namespace}.order"
+    conn = await asyncpg.connect(database_url)
+    try:
+        traceparent = f"00-{TRACE_ID}-{PARENT_ID}-01"
+        await conn.execute(_INSERT, "order-1", traceparent, None)
+        published = await read_topic(kafka_bootstrap, topic, count=1, timeout=60)
+        assert [r.key for r in published] == [b"order-1"]
+        # Routed outside --allowed-topics: fails in its batch, which is a span too.
+        await conn.execute(_INSERT, "order-2", None, "elsewhere.order")
+    finally:
+        await conn.close()
+    await wait_until(
+        lambda: _spans_named(receiver, f"send {topic}") and _failed(receiver),
+        what="both batches' spans at the receiver",
+        timeout=60,
+    )
+    lines = await traced_image.stop()
 
     assert {path for path, _, _ in receiver.requests} == {"/v1/traces"}
     assert {kind for _, kind, _ in receiver.requests} == {"application/x-protobuf"}
@@ -150,33 +180,18 @@ async def test_the_image_exports_spans_over_otlp_http_when_otel_variables_say_so
     assert exporting["endpoint"] == receiver.endpoint
 
 
+@pytest.mark.parametrize("traced_image", [{"OTEL_TRACES_EXPORTER": "none"}], indirect=True)
 async def test_with_the_exporter_none_nothing_is_sent(
-    image: dict[str, Any],
-    database_url: str,
-    kafka_bootstrap: str,
-    topic_namespace: str,
-    tmp_path: Path,
+    traced_image: TracedImage, database_url: str, kafka_bootstrap: str, topic_namespace: str
 ) -> None:
     topic = f"{topic_namespace}.order"
-    async with otlp_receiver() as receiver:
-        process = _image_process(
-            image,
-            database_url,
-            kafka_bootstrap,
-            topic_namespace,
-            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
-            OTEL_TRACES_EXPORTER="none",
-            OTEL_BSP_SCHEDULE_DELAY="100",
-        )
-        async with running(process, tmp_path):
-            await wait_until(lambda: _ready(process), what="the process ready", timeout=60)
-            conn = await asyncpg.connect(database_url)
-            try:
-                await conn.execute(_INSERT, "order-1", f"00-{TRACE_ID}-{PARENT_ID}-01", None)
-            finally:
-                await conn.close()
-            # Published, and given the schedule delay many times over to export: nothing.
-            await read_topic(kafka_bootstrap, topic, count=1, timeout=60, settle=2.0)
-        lines = _log_lines(tmp_path / f"{process.name}.log")
-    assert receiver.requests == []
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(_INSERT, "order-1", f"00-{TRACE_ID}-{PARENT_ID}-01", None)
+    finally:
+        await conn.close()
+    # Published, and given the schedule delay many times over to export: nothing.
+    await read_topic(kafka_bootstrap, topic, count=1, timeout=60, settle=2.0)
+    lines = await traced_image.stop()
+    assert traced_image.receiver.requests == []
     assert not [line for line in lines if line["msg"].startswith("exporting spans")]

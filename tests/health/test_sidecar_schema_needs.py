@@ -5,23 +5,16 @@ that stops reading it may lower it)."""
 
 from __future__ import annotations
 
-import asyncpg
-
 from health import schema
-from tests.support.schema_levels import level_read, statements_of
+from tests.support.schema_levels import level_read
 
 
 async def test_the_sidecars_level_is_the_newest_migration_its_statements_read(
     empty_database_url: str,
 ) -> None:
-    statements = statements_of("health")
-    conn = await asyncpg.connect(empty_database_url)
-    try:
-        level, prepared = await level_read(conn, statements)
-    finally:
-        await conn.close()
+    level = await level_read(empty_database_url, "health")
     # Each family's probe and the completion check's statements.
-    assert len(prepared) >= 6, sorted(statements)
-    assert level == schema.STATEMENTS_READ, (
-        f"the sidecar's probes read migration {level:04d}: set health/schema.py STATEMENTS_READ"
+    assert len(level.prepared) >= 6, level.found
+    assert level.migration == schema.STATEMENTS_READ, (
+        f"the sidecar's probes read migration {level.migration:04d}: set health/schema.py STATEMENTS_READ"
     )

@@ -51,9 +51,9 @@ WRITER = {
 # A scoring worker in any language: the four functions, nothing else.
 SCORING_WORKER = {**_NOTHING, **_CALLS_THEM}
 
-# Column-level INSERT of the contract's writer columns (DESIGN §3.1), and nothing else.
-# DESIGN §3.1: the core columns and the optional ones a writer may set.
-EVENT_WRITER_COLUMNS = (
+# DESIGN §3.1: the core columns and the optional ones a writer may set. The scoring
+# functions (migration 0012) set all but headers and topic: their events go by the template.
+SCORING_EVENT_COLUMNS = (
     "id",
     "aggregatetype",
     "aggregateid",
@@ -65,9 +65,10 @@ EVENT_WRITER_COLUMNS = (
     "causation_ref",
     "traceparent",
     "tracestate",
-    "headers",
-    "topic",
 )
+EVENT_WRITER_COLUMNS = (*SCORING_EVENT_COLUMNS, "headers", "topic")
+
+# Column-level INSERT of the contract's writer columns, and nothing else.
 EVENT_WRITER = {**_NOTHING, "outbox": f"INSERT({', '.join(sorted(EVENT_WRITER_COLUMNS))})"}
 
 RELAY = {

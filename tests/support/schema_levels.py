@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
+from dataclasses import dataclass
 
 import asyncpg
 
@@ -41,16 +42,31 @@ async def _prepares(conn: asyncpg.Connection, text: str) -> bool:
     return True
 
 
-async def level_read(conn: asyncpg.Connection, statements: dict[str, str]) -> tuple[int, list[str]]:
-    """On an empty database: the first migration after which every statement that prepares
-    on the whole schema prepares, and those statements' names. Migrates ``conn``'s database."""
-    migrations = load_migrations()
-    await apply(conn, migrations)
-    names = [name for name, text in statements.items() if await _prepares(conn, text)]
-    # Again from nothing, one migration at a time.
-    await conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
-    for count in range(1, len(migrations) + 1):
-        await apply(conn, migrations[:count])
-        if all([await _prepares(conn, statements[name]) for name in names]):
-            return migrations[count - 1].version, names
+@dataclass(frozen=True)
+class Level:
+    """A part's level: the migration, the statements that prepared, and every one found."""
+
+    migration: int
+    prepared: list[str]
+    found: list[str]
+
+
+async def level_read(database_url: str, package: str) -> Level:
+    """On the empty database at ``database_url`` (which it migrates): ``package``'s level,
+    the first migration after which every statement that prepares on the whole schema
+    prepares."""
+    statements = statements_of(package)
+    conn = await asyncpg.connect(database_url)
+    try:
+        migrations = load_migrations()
+        await apply(conn, migrations)
+        names = [name for name, text in statements.items() if await _prepares(conn, text)]
+        # Again from nothing, one migration at a time.
+        await conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+        for count in range(1, len(migrations) + 1):
+            await apply(conn, migrations[:count])
+            if all([await _prepares(conn, statements[name]) for name in names]):
+                return Level(migrations[count - 1].version, names, sorted(statements))
+    finally:
+        await conn.close()
     raise AssertionError("some statements prepare on no schema at all")

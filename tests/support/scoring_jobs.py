@@ -24,6 +24,7 @@ from scoring.writer import (
     complete_job,
     fail_job_permanently,
 )
+from tests.support.expected_privileges import SCORING_EVENT_COLUMNS
 
 
 async def leased_job(
@@ -189,27 +190,13 @@ class Outcome:
         return row
 
 
-_EVENT_COLUMNS = (
-    "id",
-    "aggregatetype",
-    "aggregateid",
-    "type",
-    "payload",
-    "tenant_ref",
-    "schema_version",
-    "correlation_ref",
-    "causation_ref",
-    "traceparent",
-    "tracestate",
-)
-
-
 async def insert_event_row(conn: asyncpg.Connection, row: dict[str, Any]) -> None:
-    """Write an event row directly, as an earlier partial (non-atomic) writer would have."""
+    """Write an event row directly, as an earlier partial (non-atomic) writer would have:
+    the columns the scoring functions write."""
     await conn.execute(
-        f"INSERT INTO outbox ({', '.join(_EVENT_COLUMNS)})"
+        f"INSERT INTO outbox ({', '.join(SCORING_EVENT_COLUMNS)})"
         " VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11)",
-        *(row[column] for column in _EVENT_COLUMNS),
+        *(row[column] for column in SCORING_EVENT_COLUMNS),
     )
 
 
