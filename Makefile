@@ -117,7 +117,7 @@ demo: services-up ## the whole system and three failure stories, until Ctrl-C (D
 # Every benchmark in bench/, including the peer comparison (bench/test_peers.py: the relay vs
 # Debezium on Kafka Connect vs the raw aiokafka producer, raw figures kept in
 # docs/bench/results.json), then PASS/FAIL per performance target and the plot
-# (bench/report.py, docs/benchmarks.md). BENCH_EVENTS, BENCH_RUNS, BENCH_SECONDS and
+# (bench/report/, docs/benchmarks.md). BENCH_EVENTS, BENCH_RUNS, BENCH_SECONDS and
 # BENCH_SYSTEMS scale it down. Exits with pytest's code when a benchmark failed, else 1 when
 # a target FAILs (on a two-core machine, drain >= 4 x Debezium does), else 0.
 bench: services-up ## benchmarks and the peer comparison with Debezium, PASS/FAIL per target

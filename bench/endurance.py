@@ -56,7 +56,7 @@ from bench import database_stats
 from bench.conftest import RelayDeployment, fresh_database, start_relay_process
 from bench.peers import measure
 from bench.peers.workload import EVENT_TYPE, FILL, KEYS
-from bench.report import current_commit
+from bench.report.files import current_commit
 from tests.support.order import Seen, order_violations
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,7 +25,7 @@ import asyncpg
 import pytest
 
 from bench.conftest import fresh_database
-from bench.report import HEALTH_COST
+from bench.report.files import HEALTH_COST
 from health.config import SidecarConfig
 from health.evaluate import evaluate
 from health.families.completion_tracker import HORIZON_MARGIN_MS, CompletionTracker
@@ -316,7 +316,7 @@ async def test_health_cost_with_terminal_history(bench_database: str, server_url
         steady_no_grace["sidecar"],
         steady_no_grace["sidecar, empty"],
     )
-    # make bench's report (bench/report.py) judges the sidecar target from these figures.
+    # make bench's report (bench/report/) judges the sidecar target from these figures.
     HEALTH_COST.parent.mkdir(parents=True, exist_ok=True)
     HEALTH_COST.write_text(
         json.dumps(

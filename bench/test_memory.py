@@ -4,7 +4,7 @@ and with rows of tens of MB in the table (≤ 250 MB).
 ``outbox-relay run`` drains the backlog in its own process while its resident set size is
 sampled from /proc; the peak is printed and, once every event is checked delivered (on the
 broker, with its receipt), kept in memory.json beside the comparison's figures
-(bench.report.memory_figures: BENCH_RESULTS's directory, or docs/bench/), where ``make
+(bench.report.files.memory_figures: BENCH_RESULTS's directory, or docs/bench/), where ``make
 bench``'s report judges it on the target's 1,000,000 events. Memory is bounded by design:
 one fetch of ``--batch-size`` rows and at most ``--max-in-flight-batches`` batches are held
 at a time.
@@ -24,7 +24,7 @@ import asyncpg
 import pytest
 
 from bench.conftest import Topics, assert_delivered, start_relay_process
-from bench.report import memory_figures, write_results
+from bench.report.files import memory_figures, write_results
 from bench.test_drain import FILL_BACKLOG, KEYS, PAYLOAD_FILL
 from migrations.runner import apply, load_migrations
 
@@ -69,7 +69,7 @@ async def test_relay_memory_on_a_large_backlog(
         relay.terminate()
         await relay.wait()
         await conn.close()
-    # make bench's report (bench/report.py) judges the memory target from these figures.
+    # make bench's report (bench/report/) judges the memory target from these figures.
     path = memory_figures()
     write_results(
         path,

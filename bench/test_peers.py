@@ -22,7 +22,7 @@ import pytest
 
 from bench.peers import debezium
 from bench.peers.comparison import Comparison, Scale
-from bench.report import RESULTS, current_commit, write_results
+from bench.report.files import RESULTS, current_commit, write_results
 
 pytestmark = pytest.mark.bench
 

@@ -14,7 +14,6 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from bench import report
 from bench.peers import debezium, measure
 from bench.peers.comparison import (
     DRAIN_PAIR,
@@ -25,7 +24,10 @@ from bench.peers.comparison import (
     run_order,
 )
 from bench.peers.measure import latencies_ms, percentile
-from bench.report import median_or_none, per_run_ratios, rss_line, verdict
+from bench.report import costs, files, plot, printed
+from bench.report.costs import rss_line
+from bench.report.judging import median_or_none, per_run_ratios, verdict
+from bench.report.main import main
 from tests.support.services import REQUIRED
 from tests.support.waiting import wait_until
 
@@ -195,11 +197,11 @@ def test_report_says_whether_postgresql_was_read_over_tls() -> None:
         "scale": {"events": 1, "rate": 1, "seconds": 1},
         "machine": {"postgresql": "15.14", "postgresql_tls": False},
     }
-    assert "PostgreSQL 15.14, every system connected without TLS" in report.report_lines(document)
+    assert "PostgreSQL 15.14, every system connected without TLS" in printed.report_lines(document)
     document["machine"]["postgresql_tls"] = True
-    assert "PostgreSQL 15.14, every system connected with TLS" in report.report_lines(document)
+    assert "PostgreSQL 15.14, every system connected with TLS" in printed.report_lines(document)
     # Files from before the field was kept say nothing rather than guess.
-    assert report.database_line({"postgresql": "15.14"}) == []
+    assert printed.database_line({"postgresql": "15.14"}) == []
 
 
 def test_worker_producer_matches_the_relays_guarantees() -> None:
@@ -227,13 +229,13 @@ def test_cpu_lines_show_each_process_group_per_system() -> None:
         _row(1, "raw-send", "drain", client_cpu_us_per_event=21.0, broker_cpu_us_per_event=7.5),
         _row(1, "debezium-poll1ms", "drain", rate=5000.0),  # no CPU figures: not shown
     ]
-    lines = report.cpu_lines(rows)
+    lines = printed.cpu_lines(rows)
     relay = next(line for line in lines if line.startswith("relay"))
     assert relay.split()[1:] == ["30.0", "25.0", "8.0", "63.0"]
     raw = next(line for line in lines if line.startswith("raw-send"))
     assert raw.split()[1:] == ["21.0", "0.0", "7.5", "28.5"]
     assert not any(line.startswith("debezium") for line in lines)
-    assert report.cpu_lines([_row(1, "relay", "drain", rate=1.0)]) == []
+    assert printed.cpu_lines([_row(1, "relay", "drain", rate=1.0)]) == []
 
 
 def test_postgres_cpu_is_shown_by_process_kind_for_the_systems_that_read_the_database() -> None:
@@ -243,12 +245,12 @@ def test_postgres_cpu_is_shown_by_process_kind_for_the_systems_that_read_the_dat
         _row(2, "relay", "drain", client_cpu_us_per_event=30.0, pg_backends_cpu_us_per_event=11.0),
         _row(1, "raw-send", "drain", client_cpu_us_per_event=21.0),
     ]
-    lines = report.postgres_cpu_lines(rows)
+    lines = printed.postgres_cpu_lines(rows)
     assert lines[2].split() == ["backends", "walwriter"]
     relay = next(line for line in lines if line.startswith("relay"))
     assert relay.split()[1:] == ["10.0", "2.0"]  # medians over the runs that have the figure
     assert not any(line.startswith("raw-send") for line in lines)
-    assert report.postgres_cpu_lines(rows[2:]) == []
+    assert printed.postgres_cpu_lines(rows[2:]) == []
 
 
 def test_cpu_meter_counts_the_client_process_from_its_start() -> None:
@@ -347,12 +349,12 @@ def test_sidecar_target_is_judged_against_its_own_empty_history(
     figures.write_text(
         f'{{"ratio": 1.7, "ratio_grace_0": 11.6, "ratio_to_sidecar_empty": {to_sidecar_empty}}}'
     )
-    verdict_mark, text = report.health_cost_line(figures)
+    verdict_mark, text = costs.health_cost_line(figures)
     assert verdict_mark == mark
     assert (
         f"{to_sidecar_empty:.2f}x" in text and "one-shot check on the empty history: 1.70x" in text
     )
-    assert report.health_cost_line(tmp_path / "absent.json")[0] == "n/a"
+    assert costs.health_cost_line(tmp_path / "absent.json")[0] == "n/a"
 
 
 @pytest.mark.parametrize(("beyond", "mark"), [(1.05, "PASS"), (2.0, "PASS"), (2.01, "FAIL")])
@@ -361,13 +363,13 @@ def test_check_beyond_the_look_back_window_is_judged_as_check_evaluates(
 ) -> None:
     figures = tmp_path / "health_cost.json"
     figures.write_text(f'{{"ratio_beyond_lookback": {beyond}, "ratio_beyond_lookback_warm": 2.38}}')
-    verdict_mark, text = report.beyond_lookback_line(figures)
+    verdict_mark, text = costs.beyond_lookback_line(figures)
     assert verdict_mark == mark
     assert f"{beyond:.2f}x" in text and "2.38x" in text
     # Figures from before the bench measured it: no verdict, and the reason.
     figures.write_text('{"ratio": 1.7}')
-    assert report.beyond_lookback_line(figures)[0] == "n/a"
-    assert report.beyond_lookback_line(tmp_path / "absent.json")[0] == "n/a"
+    assert costs.beyond_lookback_line(figures)[0] == "n/a"
+    assert costs.beyond_lookback_line(tmp_path / "absent.json")[0] == "n/a"
 
 
 def test_a_report_of_other_figures_draws_its_plot_beside_them(tmp_path: Path) -> None:
@@ -381,10 +383,10 @@ def test_a_report_of_other_figures_draws_its_plot_beside_them(tmp_path: Path) ->
         _row(1, "raw-send", "latency", **latency),
     ]
     results.write_text(json.dumps({"runs": rows, "scale": {"events": 200_000}}))
-    committed = report.PLOT.read_bytes() if report.PLOT.exists() else None
-    assert report.main([str(results)]) == 0
+    committed = files.PLOT.read_bytes() if files.PLOT.exists() else None
+    assert main([str(results)]) == 0
     assert (tmp_path / "peers.png").stat().st_size > 0
-    assert (report.PLOT.read_bytes() if report.PLOT.exists() else None) == committed
+    assert (files.PLOT.read_bytes() if files.PLOT.exists() else None) == committed
 
 
 @pytest.mark.parametrize(
@@ -401,15 +403,15 @@ def test_memory_target_is_judged_on_the_memory_benchmarks_million_events(
 ) -> None:
     figures = tmp_path / "memory.json"
     figures.write_text(json.dumps({"backlog": backlog, "peak_rss_mb": peak}))
-    verdict_mark, text = report.memory_line(figures)
+    verdict_mark, text = costs.memory_line(figures)
     assert verdict_mark == mark
     assert f"{peak:.0f} MB" in text and f"{backlog:,}" in text
 
 
 def test_memory_target_without_figures_is_not_applicable(tmp_path: Path) -> None:
-    assert report.memory_line(tmp_path / "absent.json")[0] == "n/a"
+    assert costs.memory_line(tmp_path / "absent.json")[0] == "n/a"
     (tmp_path / "memory.json").write_text('{"backlog": 1000000}')
-    assert report.memory_line(tmp_path / "memory.json")[0] == "n/a"
+    assert costs.memory_line(tmp_path / "memory.json")[0] == "n/a"
 
 
 def test_memory_figures_go_beside_the_comparisons_figures(
@@ -417,9 +419,9 @@ def test_memory_figures_go_beside_the_comparisons_figures(
 ) -> None:
     """A trial with BENCH_RESULTS must not overwrite the committed memory figure."""
     monkeypatch.setenv("BENCH_RESULTS", str(tmp_path / "trial" / "results.json"))
-    assert report.memory_figures() == tmp_path / "trial" / "memory.json"
+    assert files.memory_figures() == tmp_path / "trial" / "memory.json"
     monkeypatch.delenv("BENCH_RESULTS")
-    assert report.memory_figures() == report.DOCS_BENCH / "memory.json"
+    assert files.memory_figures() == files.DOCS_BENCH / "memory.json"
 
 
 def _trial(tmp_path: Path, *, relay_rate: float, memory: dict[str, float] | None = None) -> Path:
@@ -443,7 +445,7 @@ def test_the_report_exits_1_when_a_target_fails_after_printing_and_plotting_ever
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     results = _trial(tmp_path, relay_rate=11_000.0)  # 0.5 x raw send(): bound >= 0.9
-    assert report.main([str(results)]) == 1
+    assert main([str(results)]) == 1
     out = capsys.readouterr().out
     assert any(line.startswith("FAIL   drain: relay / raw send()") for line in out.splitlines())
     assert "medians" in out and f"plot: {tmp_path / 'peers.png'}" in out
@@ -456,7 +458,7 @@ def test_the_memory_benchmarks_peak_beside_the_figures_is_judged_by_the_report(
     results = _trial(
         tmp_path, relay_rate=20_000.0, memory={"backlog": 1_000_000, "peak_rss_mb": 151.0}
     )
-    assert report.main([str(results)]) == 1
+    assert main([str(results)]) == 1
     line = next(
         line for line in capsys.readouterr().out.splitlines() if "1,000,000-event backlog" in line
     )
@@ -472,14 +474,14 @@ def test_the_report_reads_the_figures_bench_results_names_by_default(
         tmp_path, relay_rate=20_000.0, memory={"backlog": 1_000_000, "peak_rss_mb": 151.0}
     )
     monkeypatch.setenv("BENCH_RESULTS", str(results))
-    assert report.main([]) == 1
+    assert main([]) == 1
     assert f"raw figures: {results}" in capsys.readouterr().out
 
 
 def test_latency_at_or_below_zero_is_drawn_at_the_log_axis_floor_and_marked() -> None:
     """The broker's LogAppendTime has millisecond resolution, so the raw producer's p50 can
     come out negative: a log axis cannot draw it, and the bar must not silently vanish."""
-    heights, marks = report.log_bars([-0.3, 0.0, 0.02, 1.5, None], floor=0.01)
+    heights, marks = plot.log_bars([-0.3, 0.0, 0.02, 1.5, None], floor=0.01)
     assert heights == [0.01, 0.01, 0.02, 1.5, 0.01]
     assert marks == ["≤0", "≤0", "", "", "n/a"]
 
@@ -548,7 +550,7 @@ def test_the_brokers_produce_timings_are_shown_per_phase_and_system() -> None:
         _row(1, "relay", "drain", events=200_000.0, **{**produce, "produce_requests": 1000.0}),
         _row(1, "raw-send", "drain", events=200_000.0),  # read nothing: not shown
     ]
-    lines = report.produce_lines(rows)
+    lines = printed.produce_lines(rows)
     latency = lines.index(next(line for line in lines if "latency phase" in line))
     drain = lines.index(next(line for line in lines if "drain phase" in line))
     assert lines[latency + 2].split() == [
@@ -563,7 +565,7 @@ def test_the_brokers_produce_timings_are_shown_per_phase_and_system() -> None:
     ]
     assert lines[drain + 2].split()[:2] == ["relay", "200.0"]
     assert not any(line.startswith("raw-send") for line in lines)
-    assert report.produce_lines(rows[2:]) == []
+    assert printed.produce_lines(rows[2:]) == []
 
 
 async def _topic_names(bootstrap: str) -> set[str]:

@@ -1,12 +1,13 @@
 """make bench's latency phase after a catch-up (bench/peers/comparison.py, after_catch_up): which
-runs measure it, and how bench/report.py judges it, beside the phases that keep their method."""
+runs measure it, and how bench/report/ judges it, beside the phases that keep their method."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench import after_catch_up, report
+from bench import after_catch_up
 from bench.peers.comparison import PHASES, Scale
+from bench.report import history, judging, printed
 
 
 def _row(run: int, system: str, phase: str, **figures: float) -> dict[str, object]:
@@ -52,18 +53,20 @@ def test_the_phase_is_measured_for_the_relay_and_the_latency_tuned_debezium_only
 
 
 def test_its_ratios_are_taken_within_one_run_from_its_own_phase() -> None:
-    ratios = report.per_run_ratios(ROWS, 1)
+    ratios = judging.per_run_ratios(ROWS, 1)
     assert ratios["after_catch_up_p50_vs_debezium"] == pytest.approx(1.5)
     assert ratios["after_catch_up_p99_vs_debezium"] == pytest.approx(0.4)
     assert ratios["after_catch_up_writers_vs_target"] == pytest.approx(0.99)
     assert ratios["after_catch_up_writers_vs_debezium"] == pytest.approx(0.99)
     # the steady phase on a fresh database keeps its own figures
     assert ratios["p50_vs_debezium"] == pytest.approx(0.8)
-    assert report.per_run_ratios(ROWS, 2)["after_catch_up_writers_vs_target"] == pytest.approx(0.76)
+    assert judging.per_run_ratios(ROWS, 2)["after_catch_up_writers_vs_target"] == pytest.approx(
+        0.76
+    )
 
 
 def test_it_is_judged_against_the_designs_bounds_with_the_aim_beside_them() -> None:
-    lines = {line.label: line for line in report.judged({"runs": ROWS}, memory={}, health_cost={})}
+    lines = {line.label: line for line in printed.judged({"runs": ROWS}, memory={}, health_cost={})}
     p50 = lines["after a catch-up, latency p50: relay / Debezium (poll 1 ms)"]
     # per run 1.5 / 1.0 / 1.1: the median 1.1 is within 1.2, the aim 0.5 is not met
     assert (p50.mark, p50.shown, p50.bound) == ("PASS", "1.10", "<= 1.2")
@@ -87,7 +90,7 @@ def test_a_slow_phase_after_a_catch_up_fails_its_targets() -> None:
     ]
     marks = {
         line.label: line.mark
-        for line in report.judged({"runs": rows}, memory={}, health_cost={})
+        for line in printed.judged({"runs": rows}, memory={}, health_cost={})
         if line.label.startswith("after a catch-up")
     }
     assert marks == {
@@ -100,12 +103,12 @@ def test_a_slow_phase_after_a_catch_up_fails_its_targets() -> None:
 
 def test_runs_that_did_not_measure_it_neither_judge_nor_record_it() -> None:
     rows = ROWS[:2]
-    labels = [line.label for line in report.judged({"runs": rows}, memory={}, health_cost={})]
+    labels = [line.label for line in printed.judged({"runs": rows}, memory={}, health_cost={})]
     assert not any(label.startswith("after a catch-up") for label in labels)
-    entry = report.history_entry({"runs": rows}, commit="abc1234", health_cost={}, memory={})
+    entry = history.history_entry({"runs": rows}, commit="abc1234", health_cost={}, memory={})
     assert not any(key.startswith("after_catch_up") for key in entry["ratios"])
     # a run that measured it keeps its ratios in the history line
-    entry = report.history_entry({"runs": ROWS}, commit="abc1234", health_cost={}, memory={})
+    entry = history.history_entry({"runs": ROWS}, commit="abc1234", health_cost={}, memory={})
     assert entry["ratios"]["after_catch_up_p50_vs_debezium"]["per_run"] == [1.5, 1.0, 1.1]
 
 

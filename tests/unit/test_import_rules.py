@@ -11,7 +11,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("outbox_relay", "relay", "health", "scoring", "migrations", "pgconnect", "contracts")
+PACKAGES = (
+    "outbox_relay",
+    "relay",
+    "health",
+    "scoring",
+    "migrations",
+    "pgconnect",
+    "contracts",
+    "bench",
+)
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
@@ -49,6 +58,8 @@ def test_the_tree_keeps_every_contract(tmp_path: Path) -> None:
         ("contracts/planted.py", "import pgconnect\n", "composition root above"),
         ("relay/planted.py", "import aiokafka\n", "Kafka seam imports aiokafka"),
         ("health/planted.py", "from aiokafka.errors import KafkaError\n", "Kafka seam"),
+        ("bench/report/judging.py", "from bench.report import printed\n", "report's modules"),
+        ("bench/report/plot.py", "from bench.report import history\n", "report's modules"),
     ],
 )
 def test_a_planted_forbidden_import_breaks_a_contract(

@@ -1,4 +1,4 @@
-"""docs/benchmarks.md's judged run is what bench/report.py writes from docs/bench/history.jsonl,
+"""docs/benchmarks.md's judged run is what bench/report/ writes from docs/bench/history.jsonl,
 and make bench's run reaches the history and the document exactly once."""
 
 from __future__ import annotations
@@ -8,9 +8,21 @@ from typing import Any
 
 import pytest
 
-from bench import report
+from bench.report import files, judging, printed
+from bench.report.history import (
+    BLOCK_BEGIN,
+    BLOCK_END,
+    documented_block,
+    fold,
+    history_entry,
+    judged_block,
+    read_history,
+    trend_lines,
+    write_history,
+)
+from bench.report.main import main
 
-HISTORY = report.read_history()
+HISTORY = read_history()
 
 
 def _row(run: int, system: str, phase: str, **figures: float) -> dict[str, object]:
@@ -29,13 +41,13 @@ def test_the_history_holds_every_judged_run_once_oldest_first() -> None:
 
 
 def test_the_documents_judged_run_is_what_the_report_writes_from_the_newest_line() -> None:
-    text = report.BENCHMARKS.read_text(encoding="utf-8")
-    assert report.documented_block(text) == report.judged_block(HISTORY[-1])
+    text = files.BENCHMARKS.read_text(encoding="utf-8")
+    assert documented_block(text) == judged_block(HISTORY[-1])
 
 
 @pytest.mark.parametrize("entry", HISTORY, ids=lambda entry: str(entry["commit"]))
 def test_each_lines_ratios_are_the_ones_its_raw_figures_give(entry: dict[str, Any]) -> None:
-    again = report.history_entry(
+    again = history_entry(
         entry,
         commit=entry["commit"],
         health_cost=entry["health_cost"] or {},
@@ -70,9 +82,9 @@ def test_the_cpu_target_weighs_the_relays_backends_against_the_cheaper_debezium(
             2, "debezium-poll1ms", "drain", client_cpu_us_per_event=80, postgres_cpu_us_per_event=8
         ),
     ]
-    assert report.per_run_ratios(rows, 1)["cpu_vs_debezium"] == pytest.approx(19 / 76)
-    assert report.per_run_ratios(rows, 2)["cpu_vs_debezium"] == pytest.approx(22 / 88)
-    assert report.per_run_ratios(rows[:1], 1)["cpu_vs_debezium"] is None
+    assert judging.per_run_ratios(rows, 1)["cpu_vs_debezium"] == pytest.approx(19 / 76)
+    assert judging.per_run_ratios(rows, 2)["cpu_vs_debezium"] == pytest.approx(22 / 88)
+    assert judging.per_run_ratios(rows[:1], 1)["cpu_vs_debezium"] is None
 
 
 @pytest.fixture
@@ -85,15 +97,15 @@ def bench_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         ("RESULTS", bench / "results.json"),
         ("HEALTH_COST", bench / "health_cost.json"),
         ("MEMORY", bench / "memory.json"),
-        ("HISTORY", bench / "history.jsonl"),
+        ("HISTORY", bench / "jsonl"),
         ("PLOT", bench / "peers.png"),
         ("BENCHMARKS", tmp_path / "benchmarks.md"),
     ):
-        monkeypatch.setattr(report, name, value)
+        monkeypatch.setattr(files, name, value)
     monkeypatch.delenv("BENCH_RESULTS", raising=False)
-    report.write_history(HISTORY[-1:])
-    report.BENCHMARKS.write_text(
-        f"# Benchmarks\n\nbefore\n\n{report.BLOCK_BEGIN}\nstale\n{report.BLOCK_END}\n\nafter\n"
+    write_history(HISTORY[-1:])
+    files.BENCHMARKS.write_text(
+        f"# Benchmarks\n\nbefore\n\n{BLOCK_BEGIN}\nstale\n{BLOCK_END}\n\nafter\n"
     )
     return bench
 
@@ -107,31 +119,31 @@ def _make_bench_leaves_its_figures(bench: Path, measured_at: str) -> None:
         "machine": newest["machine"],
         "runs": newest["runs"],
     }
-    report.write_results(bench / "results.json", document)
-    report.write_results(bench / "memory.json", {"backlog": 1_000_000, "peak_rss_mb": 70.0})
-    report.write_results(bench / "health_cost.json", newest["health_cost"])
+    files.write_results(bench / "results.json", document)
+    files.write_results(bench / "memory.json", {"backlog": 1_000_000, "peak_rss_mb": 70.0})
+    files.write_results(bench / "health_cost.json", newest["health_cost"])
 
 
 def test_make_benchs_run_is_folded_once_and_written_into_the_document(bench_dir: Path) -> None:
     _make_bench_leaves_its_figures(bench_dir, "2099-01-01T00:00:00+00:00")
-    assert report.main([]) == 1  # the newest run's CPU target FAILs, as the history says
+    assert main([]) == 1  # the newest run's CPU target FAILs, as the history says
 
-    history = report.read_history()
+    history = read_history()
     assert [entry["commit"] for entry in history] == [HISTORY[-1]["commit"], "abc1234"]
     assert history[-1]["memory"]["peak_rss_mb"] == 70.0
-    text = report.BENCHMARKS.read_text()
-    assert report.documented_block(text) == report.judged_block(history[-1])
+    text = files.BENCHMARKS.read_text()
+    assert documented_block(text) == judged_block(history[-1])
     assert text.startswith("# Benchmarks\n\nbefore\n\n") and text.endswith("\n\nafter\n")
     assert (bench_dir / "peers.png").stat().st_size > 0
 
     # The same figures read again change nothing; with none, the newest line is judged again.
-    report.main([])
-    assert report.read_history() == history
-    assert report.BENCHMARKS.read_text() == text
+    main([])
+    assert read_history() == history
+    assert files.BENCHMARKS.read_text() == text
     (bench_dir / "results.json").unlink()
-    assert report.main([]) == 1
-    assert report.read_history() == history
-    assert report.BENCHMARKS.read_text() == text
+    assert main([]) == 1
+    assert read_history() == history
+    assert files.BENCHMARKS.read_text() == text
 
 
 def test_a_trials_figures_leave_the_history_and_the_document_alone(
@@ -141,10 +153,10 @@ def test_a_trials_figures_leave_the_history_and_the_document_alone(
     trial.mkdir()
     _make_bench_leaves_its_figures(trial, "2099-01-01T00:00:00+00:00")
     monkeypatch.setenv("BENCH_RESULTS", str(trial / "results.json"))
-    history, text = report.read_history(), report.BENCHMARKS.read_text()
-    report.main([])
-    assert report.read_history() == history
-    assert report.BENCHMARKS.read_text() == text
+    history, text = read_history(), files.BENCHMARKS.read_text()
+    main([])
+    assert read_history() == history
+    assert files.BENCHMARKS.read_text() == text
     assert (trial / "peers.png").is_file() and not (bench_dir / "peers.png").exists()
 
 
@@ -152,18 +164,18 @@ def test_a_run_read_again_keeps_the_commit_and_note_it_was_recorded_with() -> No
     recorded = {**HISTORY[-1], "commit": "1234567", "note": "quiet machine"}
     again = {key: value for key, value in HISTORY[-1].items() if key != "note"}
     again["commit"] = "89abcde"
-    (folded,) = report.fold([recorded], again)
+    (folded,) = fold([recorded], again)
     assert (folded["commit"], folded["note"]) == ("1234567", "quiet machine")
     assert list(folded)[:3] == ["commit", "measured_at", "note"]
 
 
 def test_a_document_without_the_block_is_refused() -> None:
     with pytest.raises(ValueError, match="judged-run block"):
-        report.documented_block("# Benchmarks\n")
+        documented_block("# Benchmarks\n")
 
 
 def test_the_trend_has_a_line_per_run() -> None:
-    lines = report.trend_lines(HISTORY)
+    lines = trend_lines(HISTORY)
     assert len(lines) == len(HISTORY) + 1
     assert all(str(entry["commit"]) in line for entry, line in zip(HISTORY, lines[1:], strict=True))
 
@@ -183,9 +195,9 @@ def test_memory_with_rows_of_tens_of_mb_is_judged_against_its_own_bound(
         },
     }
     document = {"runs": [], "scale": {"events": 200_000}}
-    lines = {line.label: line for line in report.judged(document, memory=figures, health_cost={})}
+    lines = {line.label: line for line in printed.judged(document, memory=figures, health_cost={})}
     line = lines["relay peak RSS, rows of tens of MB in the backlog"]
     assert (line.mark, line.shown, line.bound) == (mark, f"{peak:.0f} MB", "<= 250 MB")
     assert lines["relay peak RSS, 1,000,000-event backlog"].mark == "PASS"
     del figures["whatever_the_rows_hold"]
-    assert report.judged(document, memory=figures, health_cost={})[-3].mark == "n/a"
+    assert printed.judged(document, memory=figures, health_cost={})[-3].mark == "n/a"
