@@ -265,3 +265,12 @@ async def test_a_slot_that_is_waited_for_comes_when_a_batch_is_released() -> Non
             assert got == []  # waiting: the one slot is in flight
             window.release([row(1)], [])
     assert len(got) == 1 and not window.slot_free()
+
+
+async def test_a_mark_closed_twice_counts_once() -> None:
+    window = new_window(2)
+    first, second = window.open_fetch(), window.open_fetch()
+    await held_then_released(window, "k")
+    first.close()
+    first.close()
+    assert window.held_since(keyed("k"), second.at)  # the second fetch is still open

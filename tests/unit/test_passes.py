@@ -432,6 +432,7 @@ def test_a_pass_s_later_fetch_that_meets_its_bound_ends_the_pass() -> None:
     assert seqs(accepted.rows) == [4]
     assert accepted.cut and accepted.more_now  # the next pass starts from the beginning at once
     assert passes.prefetch(0.1, accepted, [0, 1], producer_broken=False, slot_free=True) is None
+    assert fetch(passes, [], now=0.2).plan.kind is FetchKind.OPENS_PASS
 
 
 def test_a_cut_short_fetch_still_lets_the_next_pass_follow_at_once() -> None:
@@ -672,3 +673,57 @@ def test_after_a_fetch_that_read_rows_the_next_waits_for_nothing() -> None:
     passes = new_passes()
     accept(passes, fetched_at(passes, rows(1), started_at=5.0))
     assert passes.quiet_left(5.0) == 0.0
+
+
+def test_a_poll_interval_without_news_brings_the_next_fetch_from_the_beginning() -> None:
+    """The safety net: the loop waited a poll interval for news and none came."""
+    passes = new_passes()
+    settle_cursor_fetches(passes)
+    assert fetch(passes, [], now=0.1).plan.kind is FetchKind.CURSOR
+    passes.polled()
+    assert fetch(passes, [], now=0.2).plan.kind is FetchKind.OPENS_PASS
+
+
+def test_the_lowest_seq_notified_is_kept_across_decisions_until_a_fetch_is_planned() -> None:
+    """Notifications heard while the loop resolved holds count with the later ones: the
+    fetch starts below the lowest of all."""
+    passes = new_passes()
+    settle_cursor_fetches(passes)
+    passes.cursor = 9
+    held_up = passes.next(0.1, sorted(LANES), News(lowest_notified=7), **_NOT_BROKEN_UNRESOLVED)
+    assert held_up == ResolveHolds(LANES)
+    assert fetch(passes, [], now=0.2, lowest=8).plan.start == 6
+    passes.cursor = 9
+    assert fetch(passes, [], now=0.3).plan.start == 9  # taken by the fetch planned
+
+
+_NOT_BROKEN_UNRESOLVED = {"producer_broken": False, "holds_resolved": False}
+
+
+def test_a_full_pass_asked_for_while_a_cursor_fetch_is_planned_waits_for_the_next() -> None:
+    """News heard as a cursor fetch is planned (the loop waited for a slot) is not answered
+    by that fetch: only a fetch from the beginning covers a full pass asked for."""
+    passes = new_passes()
+    settle_cursor_fetches(passes)
+    decided = passes.next(0.1, sorted(LANES), News(), producer_broken=False, holds_resolved=True)
+    assert decided == Fetch(LANES)
+    plan = passes.plan(LANES, 0.1, News(full_pass_requested=True))
+    assert plan.kind is FetchKind.CURSOR
+    left_out, mark = passes.open_fetch(plan)
+    accept(passes, passes.fetched(plan, [], mark=mark, left_out=left_out))
+    assert fetch(passes, [], now=0.2).plan.kind is FetchKind.OPENS_PASS
+
+
+def test_a_new_pass_takes_a_new_mark_so_a_key_released_in_the_last_one_goes() -> None:
+    window = new_window(4)
+    passes = new_passes(window)
+    first = fetch(passes, rows(1, 2, 3), bound=9)
+    accept(passes, first)
+    first.mark.close()
+    in_flight(window, [row(0, key="k")])
+    window.hold(failed("k"))
+    window.release([row(0, key="k")], failed("k"))  # released while that pass was open
+    later = fetch(passes, [row(4, key="k")], now=POLL_MS / 1000, bound=9)
+    assert later.plan.kind is FetchKind.OPENS_PASS
+    accepted = accept(passes, later)
+    assert seqs(passes.sendable(accepted.rows, LANES, later.mark)) == [4]
