@@ -113,6 +113,8 @@ class _RefusedForContent(RelayError):
 # the drain used all of its time: one round trip on a healthy path.
 _LEAVE_FLOOR_S = 0.1
 
+# Recording statements at once: the database write is the pipeline's slowest step, so two
+# overlap, and what settles meanwhile waits to join the next one (_ack_loop, may_join).
 _CONCURRENT_RECORDS = 2
 _IDLE_TICK_MS = 1_000  # an idle loop still shows it is alive this often
 _DATABASE_RETRY_CAP_MS = 30_000  # the longest wait between two tries to reach the database

@@ -247,12 +247,6 @@ class InFlightWindow:
         """What is held now (a live view, empty while all is well)."""
         return self._held_keys.keys()
 
-    def is_held(self, row: OutboxRow) -> bool:
-        """True while a failure of the row's key on its topic is in flight and not yet
-        recorded."""
-        hold = self.hold_of(row)
-        return hold is not None and hold in self._held_keys
-
     async def wait_empty(self) -> None:
         """Return once no row is in flight."""
         while self._lanes:
