@@ -50,7 +50,7 @@ from typing import Any
 import asyncpg
 
 from bench import database_stats
-from bench.conftest import start_relay_process
+from bench.deployment import start_relay_process
 from bench.peers import measure
 from bench.peers.comparison import WRITER_LANES
 from bench.peers.workload import (

@@ -35,7 +35,7 @@ import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from bench import database_stats
-from bench.conftest import REPO, start_relay_process
+from bench.deployment import REPO, start_relay_process
 from bench.endurance import AGGREGATE, LANES, Ledger, write
 from bench.peers import measure
 from bench.runs import main_runs, rotated

@@ -53,7 +53,7 @@ import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from bench import database_stats
-from bench.conftest import RelayDeployment, fresh_database, start_relay_process
+from bench.deployment import RelayDeployment, fresh_database, start_relay_process
 from bench.peers import measure
 from bench.peers.workload import EVENT_TYPE, FILL, KEYS
 from bench.report.files import current_commit

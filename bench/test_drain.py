@@ -27,7 +27,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 
-from bench.conftest import RelayDeployment, Topics, assert_delivered, start_relay_process
+from bench.conftest import Topics, assert_delivered
+from bench.deployment import RelayDeployment, start_relay_process
 from bench.peers.measure import PARTITIONS, cpu_seconds, records_on
 from relay.config import RelayConfig
 from relay.producer import make_producer

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from bench.conftest import fresh_database
+from bench.deployment import fresh_database
 from bench.report.files import HEALTH_COST
 from health.config import SidecarConfig
 from health.evaluate import evaluate

@@ -30,7 +30,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from bench.conftest import Topics, start_relay_process
+from bench.conftest import Topics
+from bench.deployment import start_relay_process
 from bench.peers.measure import cpu_seconds
 from relay.config import RelayConfig
 from relay.engine import Batch, Relay

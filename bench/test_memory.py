@@ -23,7 +23,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from bench.conftest import Topics, assert_delivered, start_relay_process
+from bench.conftest import Topics, assert_delivered
+from bench.deployment import start_relay_process
 from bench.report.files import memory_figures, write_results
 from bench.test_drain import FILL_BACKLOG, KEYS, PAYLOAD_FILL
 from migrations.runner import apply, load_migrations

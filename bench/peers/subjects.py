@@ -19,7 +19,7 @@ import asyncpg
 from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import DefaultPartitioner
 
-from bench.conftest import RelayDeployment, start_relay_process
+from bench.deployment import RelayDeployment, start_relay_process
 from bench.peers import debezium
 from bench.peers.workload import (
     DRAIN_AGGREGATE,
