@@ -20,8 +20,9 @@ statement's execution time per event, calls and blocks per call (pg_stat_stateme
 the window alone), autovacuum and analyze runs, the outbox's dead tuples before and after.
 Right as the window starts, ``EXPLAIN (ANALYZE, BUFFERS)`` of the relay's cursor fetch of a
 few rows written for it inside a rolled-back transaction: with the look-back of the
-``earlier`` subquery (``$5`` the fetch's start) and without (``$5`` 0), each planned as
-the relay's session plans it (its planner settings), custom and generic. ``--profile``
+``earlier`` subquery (``$5`` the fetch's start) and without (``$5`` 0), and a full pass's
+first fetch (from seq 0, through whatever the catch-up left dead in the indexes), each
+planned as the relay's session plans it (its planner settings), custom and generic. ``--profile``
 records the relay process with py-spy over the window (py-spy must be on PATH) and splits
 its samples by step: wake-up, fetch, send, bookkeeping, socket reads and TLS, the event
 loop's own frames, the rest.
@@ -148,12 +149,16 @@ async def explain_fetch(url: str, namespace: str) -> dict[str, Any]:
             )
             for mode in ("force_custom_plan", "force_generic_plan"):
                 await conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
-                for look_back, start in (("look-back", cursor), ("no look-back", 0)):
+                for look_back, after, start in (
+                    ("look-back", cursor, cursor),
+                    ("no look-back", cursor, 0),
+                    ("full pass", 0, 0),  # a pass's first fetch, from the beginning
+                ):
                     # EXECUTE takes no bound parameters: the values are written in, every
                     # one an integer but the template, quoted by the server
                     rows = await conn.fetch(
                         "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE relay_fetch("
-                        f"NULL, {int(cursor)}, 1000, {template}, {int(start)}, "
+                        f"NULL, {int(after)}, 1000, {template}, {int(start)}, "
                         f"{int(MAX_FETCHED_ROW_BYTES)}, {int(FETCH_MAX_BYTES)})"
                     )
                     plan = json.loads(rows[0][0])[0]
