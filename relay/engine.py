@@ -527,11 +527,7 @@ class Relay:
         """Do what the passes decide (relay/passes.py makes every decision about the rows):
         wait, replace the producer, resolve holds, or fetch and send; after a fetch whose
         rows ask for nothing more at once, wait for news."""
-        assert self._lanes is not None
         passes, wake = self._passes, self._wake
-        # A send started now must be settled before the lease could pass to another
-        # instance; the renewal cadence keeps the window open in between.
-        margin_s = self.config.send_timeout_ms / 1000
         # While a full batch is mapped and handed to the producer, the database already
         # reads the next one. A prefetch holds an in-flight slot of its own.
         prefetch: _Prefetch | None = None
@@ -539,7 +535,7 @@ class Relay:
             while not stop.is_set():
                 self.liveness.tick("fetch", self.config.poll_interval_ms)
                 if prefetch is None:
-                    lanes = self._lanes.leases.publishable(margin_s)
+                    lanes = self._publishable_lanes()
                     decision = passes.next(
                         time.monotonic(),
                         lanes,
@@ -582,14 +578,13 @@ class Relay:
     ) -> tuple[Accepted, _Prefetch | None]:
         """Let the pass accept a fetch's rows, start reading the next fetch while they are
         sent when the pass may go on, and send the rows that may go in ``slot``."""
-        assert self._lanes is not None
         passes, window = self._passes, self._window
         self._fetch_failure_said = ""
         self.metrics.fetched_bytes.inc(fetched.transferred_bytes)
         prefetch = None
         with fetched.mark:  # closed once its rows are filtered
             accepted = passes.accept(fetched)
-            lanes = self._lanes.leases.publishable(self.config.send_timeout_ms / 1000)
+            lanes = self._publishable_lanes()
             ahead = passes.prefetch(
                 time.monotonic(),
                 accepted,
@@ -611,6 +606,12 @@ class Relay:
         if rows:
             await batches.send(await self._send(rows, slot))
         return accepted, prefetch
+
+    def _publishable_lanes(self) -> list[int]:
+        """The lanes a send may start on now: a send started now must be settled before the
+        lease could pass to another instance (the renewal cadence keeps that window open)."""
+        assert self._lanes is not None
+        return self._lanes.leases.publishable(self.config.send_timeout_ms / 1000)
 
     async def _carry_out(self, decision: Decision, stop: anyio.Event) -> None:
         """Do what the passes decided instead of a fetch."""

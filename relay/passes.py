@@ -355,11 +355,13 @@ class Passes:
                 start = notified
         if start == 0:
             self._full_pass_asked = self._full_pass_hinted = False
-        if self.cursor == 0:
-            kind = FetchKind.OPENS_PASS
-        else:
-            kind = FetchKind.IN_PASS if self.in_full_pass else FetchKind.CURSOR
+        kind = FetchKind.OPENS_PASS if self.cursor == 0 else self._following_kind()
         return FetchPlan(frozenset(lanes), start, self._batch_size, kind)
+
+    def _following_kind(self) -> FetchKind:
+        """The kind of a fetch that follows the last one from the cursor: a full pass's
+        later fetch, or a cursor fetch once the pass has ended."""
+        return FetchKind.IN_PASS if self.in_full_pass else FetchKind.CURSOR
 
     def open_fetch(self, plan: FetchPlan) -> tuple[frozenset[int], FetchMark]:
         """What a fetch takes as its statement starts: the rows in flight to leave out of
@@ -486,8 +488,7 @@ class Passes:
             and now - self._started_at < self._poll_s
         ):
             return None
-        kind = FetchKind.IN_PASS if self.in_full_pass else FetchKind.CURSOR
-        return FetchPlan(frozenset(lanes), self.cursor, self._batch_size, kind)
+        return FetchPlan(frozenset(lanes), self.cursor, self._batch_size, self._following_kind())
 
     def sendable(
         self, rows: list[OutboxRow], lanes: Iterable[int], mark: FetchMark
