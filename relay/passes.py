@@ -1,16 +1,16 @@
 """The fetch loop's passes: where the next fetch starts, and which fetched rows it may send.
 
-A *full pass* reads the outbox from the beginning; its fetches follow each other while
-they reach their row limit or byte budget. Once one does not, the fetches after it are *cursor fetches*: they
-start from the cursor (or below the lowest seq notified since), until the next full pass,
-at the latest a poll interval after this one began. Every decision about that — when a
-pass must start from the beginning, where a fetch starts and how many rows it asks for,
-which rows of a cursor fetch must wait for a late commit, where a pass's later fetches
-stop, which fetched rows may be sent — is made here, over values the fetch loop passes in
-(the clock, the fetched rows, what notifications hinted), and comes back as a value: a
-:data:`Decision` before each fetch, a :class:`FetchPlan` of one :class:`FetchKind`, the
-:class:`Accepted` rows after it, a prefetch plan or none. Nothing here waits or does I/O,
-and nothing needs an event loop; relay/engine.py dispatches on the values, runs the
+A *full pass* reads the outbox from the beginning; its fetches follow each other while they
+reach their row limit or byte budget. Once one does not, the fetches after it are *cursor
+fetches*: they start from the cursor (or below the lowest seq notified since), until the
+next full pass, at the latest a poll interval after this one began. Every decision about
+that — when a pass must start from the beginning, where a fetch starts and how many rows it
+asks for, which rows of a cursor fetch must wait for a late commit, where a pass's later
+fetches stop, which fetched rows may be sent — is made here, over values the fetch loop
+passes in (the clock, the fetched rows, what notifications hinted), and comes back as a
+value: a :data:`Decision` before each fetch, a :class:`FetchPlan` of one :class:`FetchKind`,
+the :class:`Accepted` rows after it, a prefetch plan or none. Nothing here waits or does
+I/O, and nothing needs an event loop; relay/engine.py dispatches on the values, runs the
 statements and the task groups.
 
 docs/relay.md, "Fetching: passes and the key hold", says why each rule keeps a key's

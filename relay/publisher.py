@@ -10,8 +10,9 @@ key. Inside one submission, a row that fails (mapping, topic, size) holds back t
 rows of its key. The caller's holds are handed over by construction: the rows that fail
 before they are sent are held (:class:`KeyHolds`) before :meth:`BatchPublisher.submit`
 returns, and the rows of failed batches when their answers are read
-(:meth:`Submission.acknowledgements`), with nothing awaited in between. Why batches are built here rather than with ``send()``, and how topic
-limits and refusals are handled: docs/relay.md, "Publishing" and "Topics".
+(:meth:`Submission.acknowledgements`), with nothing awaited in between. Why batches are
+built here rather than with ``send()``, and how topic limits and refusals are handled:
+docs/relay.md, "Publishing" and "Topics".
 """
 
 from __future__ import annotations

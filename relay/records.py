@@ -1,4 +1,7 @@
-"""Outbox row → Kafka record: the mapping downstream consumers read (README, "What consumers read"). Pure."""
+"""Outbox row → Kafka record: the mapping downstream consumers read. Pure.
+
+README, "What consumers read", describes it for them.
+"""
 
 from __future__ import annotations
 
