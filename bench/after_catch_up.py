@@ -22,10 +22,12 @@ Right as the window starts, ``EXPLAIN (ANALYZE, BUFFERS)`` of the relay's cursor
 few rows written for it inside a rolled-back transaction: with the look-back of the
 ``earlier`` subquery (``$5`` the fetch's start) and without (``$5`` 0), and a full pass's
 first fetch (from seq 0, through whatever the catch-up left dead in the indexes), each
-planned as the relay's session plans it (its planner settings), custom and generic. ``--profile``
-records the relay process with py-spy over the window (py-spy must be on PATH) and splits
-its samples by step: wake-up, fetch, send, bookkeeping, socket reads and TLS, the event
-loop's own frames, the rest.
+planned as the relay's session plans it (its planner settings), custom and generic. Their
+walk kills the dead index entries it meets before the window, which the relay's first
+fetches would otherwise visit in the heap: ``after`` starts a little kinder than make
+bench's phase, which has no EXPLAIN. ``--profile`` records the relay process with py-spy
+over the window (py-spy must be on PATH) and splits its samples by step: wake-up, fetch,
+send, bookkeeping, socket reads and TLS, the event loop's own frames, the rest.
 
     python -m bench.after_catch_up [--conditions fresh,after,after-vacuum,after-no-sidecar]
         [--runs 1] [--events 200000] [--rate 1000] [--seconds 20] [--profile] [--json FILE]

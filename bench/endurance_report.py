@@ -147,8 +147,8 @@ def markdown(run: Mapping[str, Any], minutes: Sequence[Mapping[str, Any]]) -> st
         f" {'over TLS' if machine.get('postgresql_tls') else 'without TLS'},"
         f" autovacuum_naptime {settings.get('autovacuum_naptime', '?')} s; load average"
         f" {_n(load_start, '.2f')} at the start, {_n(load_end, '.2f')} at the end"
-        f" ({machine.get('cores', '?')} cores, **shared with other people's work while this"
-        " ran**: the absolute figures are the machine's).",
+        f" ({machine.get('cores', '?')} cores, which PostgreSQL, the broker, the writers and"
+        " the relay share with whatever else runs: the absolute figures are the machine's).",
         "",
         f"Audit: {audit.get('committed', 0):,} events committed, {audit.get('records', 0):,}"
         f" records on the topic, {audit.get('duplicates', 0):,} duplicates,"
