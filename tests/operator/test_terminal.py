@@ -26,6 +26,13 @@ CLEAR = b"\x1b[H\x1b[2J"
 COLOUR = b"\x1b[32m"  # within_bounds
 
 
+def _ctrl_c_as_at_a_terminal() -> None:
+    """A terminal's foreground process gets Ctrl-C; a shell that runs this suite in the
+    background (``make test &``) ignores SIGINT, and its children inherit that, so the
+    watcher would never see the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _watch(database_url: str, policy: Path, stdout: int, **env: str) -> subprocess.Popen[bytes]:
     # COLUMNS and LINES would override the terminal's own size.
     inherited = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "COLUMNS", "LINES")}
@@ -47,6 +54,7 @@ def _watch(database_url: str, policy: Path, stdout: int, **env: str) -> subproce
         stdout=stdout,
         stderr=subprocess.PIPE,
         env=environment,
+        preexec_fn=_ctrl_c_as_at_a_terminal,
     )
 
 
