@@ -53,7 +53,7 @@ from typing import Any
 import asyncpg
 
 from bench import database_stats
-from bench.deployment import start_relay_process
+from bench.deployment import fresh_database, start_relay_process
 from bench.peers import measure
 from bench.peers.comparison import WRITER_LANES
 from bench.peers.workload import (
@@ -64,11 +64,9 @@ from bench.peers.workload import (
     paced,
 )
 from bench.runs import main_runs, rotated
-from migrations.runner import apply, load_migrations
 from relay.records import MAX_FETCHED_ROW_BYTES
 from relay.sql import FETCH_READY
 from relay.store import RELAY_SESSION_SETTINGS
-from tests.support.services import with_database
 
 CONDITIONS = ("fresh", "after", "after-vacuum", "after-no-sidecar")
 WARMUP_EVENTS = 20
@@ -228,98 +226,94 @@ async def measure_condition(
 ) -> dict[str, Any]:
     """One condition's steady window."""
     namespace = f"a{uuid.uuid4().hex[:10]}"
-    name = f"outbox_relay_bench_{namespace}"
-    admin = await asyncpg.connect(server_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    url = with_database(server_url, name)
     backlog_topic, topic = f"{namespace}.{DRAIN_AGGREGATE}", f"{namespace}.{LATENCY_AGGREGATE}"
-    monitor = await asyncpg.connect(url)
     figures: dict[str, Any] = {"condition": condition}
-    try:
-        await apply(monitor, load_migrations())
-        await database_stats.ensure_extensions(monitor)
-        for t in (backlog_topic, topic):
-            await measure.create_topic(bootstrap, t)
-        after = condition.startswith("after")
-        if after:
-            await fill_backlog(url, DRAIN_AGGREGATE, args.events)
-        with tempfile.TemporaryDirectory(prefix="after-catch-up-") as workdir:
-            relay = await start_relay_process(
-                url,
-                bootstrap,
-                namespace,
-                Path(workdir),
-                sidecar=condition != "after-no-sidecar",
-            )
-            try:
-                if after:
-                    started = time.monotonic()
-                    await measure.wait_for_count(
-                        bootstrap,
-                        backlog_topic,
-                        args.events,
-                        timeout=600,
-                        alive=lambda: relay.returncode is None,
-                    )
-                    figures["catch_up_s"] = round(time.monotonic() - started, 1)
-                if condition == "after-vacuum":
-                    began = time.monotonic()
-                    await monitor.execute("VACUUM outbox")
-                    figures["vacuum_s"] = round(time.monotonic() - began, 2)
-                figures["explain"] = await explain_fetch(url, namespace)
-                figures["index_tuples_before"] = await database_stats.index_tuples(monitor)
-                async with OutboxWriters(url, WRITER_LANES) as writers:
-                    for n in range(WARMUP_EVENTS):
-                        await writers.emit(n % WRITER_LANES, n)
-                    await measure.wait_for_count(bootstrap, topic, WARMUP_EVENTS, timeout=120)
-                    cpu = database_stats.DatabaseCpu(
-                        own_pids={monitor.get_server_pid()},
-                        clients={relay.pid: "relay"}
-                        | ({relay.sidecar.pid: "sidecar"} if relay.sidecar else {}),
-                    )
-                    cpu.writer_pids = writers.server_pids()
-                    processes = database_stats.CpuTotals()
-                    pairs: list[tuple[int, str | None]] = [(relay.pid, "relay")]
-                    await _reset_statements(monitor)
-                    dead_before = await _dead(monitor)
-                    processes.take(pairs)
-                    await cpu.sample(monitor)
-                    profiler = (
-                        asyncio.create_task(_profile(relay.pid, args.seconds))
-                        if args.profile
-                        else None
-                    )
-                    done = asyncio.Event()
-                    sampler = asyncio.create_task(_sample(cpu, processes, pairs, monitor, done))
-                    waits = asyncio.create_task(_writer_waits(server_url, cpu.writer_pids, done))
-                    began = time.perf_counter()
-                    sent = await paced(
-                        writers.emit, rate=args.rate, seconds=args.seconds, lanes=WRITER_LANES
-                    )
-                    writing_s = time.perf_counter() - began
-                    await measure.wait_for_count(
-                        bootstrap, topic, WARMUP_EVENTS + len(sent), timeout=180
-                    )
-                    done.set()
-                    await sampler
-                    figures["writer_waits"] = await waits
-                    processes.take(pairs)
-                    await cpu.sample(monitor)
-                    costs = database_stats.statement_costs(
-                        {}, await database_stats.read_statements(monitor)
-                    )
-                    dead_after = await _dead(monitor)
-                    if profiler is not None:
-                        figures["profile"] = await profiler
-            finally:
-                relay.terminate()
-                await relay.wait()
-        appended = await measure.append_times_by_id(bootstrap, topic, timeout=120)
-    finally:
-        await monitor.close()
-        await measure.delete_topics(bootstrap, [backlog_topic, topic])
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
+    async with fresh_database(server_url) as url:
+        monitor = await asyncpg.connect(url)
+        try:
+            await database_stats.ensure_extensions(monitor)
+            for t in (backlog_topic, topic):
+                await measure.create_topic(bootstrap, t)
+            after = condition.startswith("after")
+            if after:
+                await fill_backlog(url, DRAIN_AGGREGATE, args.events)
+            with tempfile.TemporaryDirectory(prefix="after-catch-up-") as workdir:
+                relay = await start_relay_process(
+                    url,
+                    bootstrap,
+                    namespace,
+                    Path(workdir),
+                    sidecar=condition != "after-no-sidecar",
+                )
+                try:
+                    if after:
+                        started = time.monotonic()
+                        await measure.wait_for_count(
+                            bootstrap,
+                            backlog_topic,
+                            args.events,
+                            timeout=600,
+                            alive=lambda: relay.returncode is None,
+                        )
+                        figures["catch_up_s"] = round(time.monotonic() - started, 1)
+                    if condition == "after-vacuum":
+                        began = time.monotonic()
+                        await monitor.execute("VACUUM outbox")
+                        figures["vacuum_s"] = round(time.monotonic() - began, 2)
+                    figures["explain"] = await explain_fetch(url, namespace)
+                    figures["index_tuples_before"] = await database_stats.index_tuples(monitor)
+                    async with OutboxWriters(url, WRITER_LANES) as writers:
+                        for n in range(WARMUP_EVENTS):
+                            await writers.emit(n % WRITER_LANES, n)
+                        await measure.wait_for_count(bootstrap, topic, WARMUP_EVENTS, timeout=120)
+                        cpu = database_stats.DatabaseCpu(
+                            own_pids={monitor.get_server_pid()},
+                            clients={relay.pid: "relay"}
+                            | ({relay.sidecar.pid: "sidecar"} if relay.sidecar else {}),
+                        )
+                        cpu.writer_pids = writers.server_pids()
+                        processes = database_stats.CpuTotals()
+                        pairs: list[tuple[int, str | None]] = [(relay.pid, "relay")]
+                        await _reset_statements(monitor)
+                        dead_before = await _dead(monitor)
+                        processes.take(pairs)
+                        await cpu.sample(monitor)
+                        profiler = (
+                            asyncio.create_task(_profile(relay.pid, args.seconds))
+                            if args.profile
+                            else None
+                        )
+                        done = asyncio.Event()
+                        sampler = asyncio.create_task(_sample(cpu, processes, pairs, monitor, done))
+                        waits = asyncio.create_task(
+                            _writer_waits(server_url, cpu.writer_pids, done)
+                        )
+                        began = time.perf_counter()
+                        sent = await paced(
+                            writers.emit, rate=args.rate, seconds=args.seconds, lanes=WRITER_LANES
+                        )
+                        writing_s = time.perf_counter() - began
+                        await measure.wait_for_count(
+                            bootstrap, topic, WARMUP_EVENTS + len(sent), timeout=180
+                        )
+                        done.set()
+                        await sampler
+                        figures["writer_waits"] = await waits
+                        processes.take(pairs)
+                        await cpu.sample(monitor)
+                        costs = database_stats.statement_costs(
+                            {}, await database_stats.read_statements(monitor)
+                        )
+                        dead_after = await _dead(monitor)
+                        if profiler is not None:
+                            figures["profile"] = await profiler
+                finally:
+                    relay.terminate()
+                    await relay.wait()
+            appended = await measure.append_times_by_id(bootstrap, topic, timeout=120)
+        finally:
+            await monitor.close()
+            await measure.delete_topics(bootstrap, [backlog_topic, topic])
     events = len(sent)
     summary = measure.summarize(measure.latencies_ms(sent, appended))
 
