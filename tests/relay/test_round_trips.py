@@ -26,7 +26,8 @@ import pytest
 from relay import sql
 from relay.config import DEFAULT_TOPIC_TEMPLATE
 from relay.outcome import PublishedGroup
-from relay.store import RELAY_SESSION_SETTINGS, RelayStore, create_relay_pool
+from relay.records import MAX_FETCHED_ROW_BYTES, OutboxRow
+from relay.store import RELAY_SESSION_SETTINGS, RelayStore, create_relay_pool, record_published
 from tests.support.plans import plan_nodes
 
 INSTANCE = "round-trip-test"
@@ -166,6 +167,51 @@ async def test_the_bookkeeping_commit_setting_does_not_stay_on_the_pooled_connec
         await pool.close()
 
 
+async def test_a_statement_is_planned_once_per_connection_not_on_every_call(
+    db: asyncpg.Connection, database_url: str
+) -> None:
+    """At a low rate each batch is one event, and for a one-element array PostgreSQL
+    prices a plan made for the values below the generic plan: left to choose, it planned
+    the recording statement again on every call, its six CTEs each time, about as much
+    server time as the statement's own work. The relay's sessions keep each statement's
+    generic plan, made once per connection."""
+    fences = await _held_lanes(db)
+    pool = await create_relay_pool(database_url)
+    try:
+        async with pool.acquire() as conn:
+            for n in range(8):  # past the five calls PostgreSQL plans before choosing
+                await db.execute(INSERT_ROW, f"one-{n}", json.dumps(n))
+                rows = [
+                    OutboxRow._make(record)
+                    for record in await conn.fetch(
+                        sql.FETCH_READY,
+                        None,
+                        0,
+                        10,
+                        DEFAULT_TOPIC_TEMPLATE,
+                        0,
+                        MAX_FETCHED_ROW_BYTES,
+                        1 << 20,
+                    )
+                ]
+                assert len(rows) == 1
+                # as the relay records a batch: under the fence of its own lane only
+                fence = {rows[0].lane: fences[rows[0].lane]}
+                group = PublishedGroup("t", 0, n, rows)
+                assert await record_published(conn, INSTANCE, fence, [group]) == 1
+            plans = {
+                row["statement"]: (row["generic_plans"], row["custom_plans"])
+                for row in await conn.fetch(
+                    "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+                )
+            }
+    finally:
+        await pool.close()
+    assert plans[sql.RECORD_PUBLISHED] == (8, 0), plans[sql.RECORD_PUBLISHED]
+    assert plans[sql.FETCH_READY] == (8, 0), plans[sql.FETCH_READY]
+    assert not [s for s, (_, custom) in plans.items() if custom], plans
+
+
 def _text_of(node: dict[str, Any]) -> str:
     """What a node computes and tests, as EXPLAIN VERBOSE prints it."""
     parts = [*node.get("Output", []), node.get("Filter", ""), node.get("Index Cond", "")]
@@ -181,7 +227,7 @@ async def test_a_fetch_reads_stored_sizes_prints_only_what_it_sends_and_probes_h
     held row holds it back is one probe of outbox_held_topic_idx, and nothing sorts."""
     conn = await asyncpg.connect(
         database_url,
-        server_settings={**RELAY_SESSION_SETTINGS, "plan_cache_mode": "force_generic_plan"},
+        server_settings=RELAY_SESSION_SETTINGS,
     )
     try:
         explain = await conn.prepare("EXPLAIN (VERBOSE, COSTS OFF, FORMAT JSON) " + sql.FETCH_READY)
