@@ -546,8 +546,10 @@ class Relay:
                     if not isinstance(decision, Fetch):
                         await self._carry_out(decision, stop)
                         continue
-                    wake.clear()
                     slot = await self._window.take_slot()
+                    # The news this fetch answers, and the wake-ups that brought it: a
+                    # wake-up left set with its news taken would bring a fetch for nothing.
+                    wake.clear()
                     plan = passes.plan(decision.lanes, time.monotonic(), wake.take_news())
                     if plan.start == 0:
                         self.metrics.full_passes.inc()
@@ -641,6 +643,10 @@ class Relay:
         with anyio.move_on_after(self.config.poll_interval_ms / 1000) as polling:
             await self._answered()
             await self._wake.wait()
+            while not self._passes.asks_for_fetch(self._wake.take_news()):
+                # Notifications of rows a fetch has read already: nothing to fetch for them.
+                self._wake.clear()
+                await self._wake.wait()
         if polling.cancelled_caught:
             # The safety net: what no notification announced (one lost with the listening
             # connection, a writer without the payload).

@@ -20,6 +20,7 @@ read.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum, auto
@@ -71,6 +72,9 @@ class News:
     """Recorded failures wait behind the cursor until then (0.0: none asked)."""
     lowest_notified: int | None = None
     """The lowest seq notified."""
+    notified: tuple[tuple[int, int], ...] | None = ()
+    """Each notification's lowest and highest seq, in the order they came; None when more
+    came than the wake-up lists (NOTIFIED_LISTED)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +165,39 @@ QUIET_MS = 10
 Any role that can connect may notify, as fast as it likes, announcing nothing: then the
 relay fetches at most once per QUIET_MS. A notification with rows behind it comes after a
 fetch that found rows (or long after one that found none), and waits for nothing."""
+
+READ_REMEMBERED = 8_192
+"""How many of the seqs the last fetches read are remembered, to tell a notification that
+asks for nothing (every row it names was read already) from one that asks for a fetch."""
+
+
+class _ReadSeqs:
+    """The seqs the last :data:`READ_REMEMBERED` rows fetched had (each row once)."""
+
+    __slots__ = ("_order", "_seqs")
+
+    def __init__(self) -> None:
+        self._seqs: set[int] = set()
+        self._order: deque[int] = deque()
+
+    def note(self, rows: Iterable[OutboxRow]) -> None:
+        seqs, order = self._seqs, self._order
+        for row in rows:
+            seq = row.seq
+            if seq in seqs:
+                continue
+            if len(order) == READ_REMEMBERED:
+                seqs.discard(order.popleft())
+            order.append(seq)
+            seqs.add(seq)
+
+    def cover(self, lowest: int, highest: int) -> bool:
+        """True when a fetch read a row at every seq from ``lowest`` to ``highest``."""
+        seqs = self._seqs
+        return highest - lowest < READ_REMEMBERED and all(
+            seq in seqs for seq in range(lowest, highest + 1)
+        )
+
 
 # A notification's payload is a hint: any role that can connect may send one. Hints may
 # move a fetch's start more than a batch below the cursor, or bring a pass from the
@@ -262,6 +299,7 @@ class Passes:
         # process (a failed one's key stays held in the window).
         self._never_send: set[int] = set()
         self._quiet_until = 0.0  # (quiet_left)
+        self._read = _ReadSeqs()  # (asks_for_fetch)
 
     # -- before a fetch -------------------------------------------------------------------
     def next(
@@ -400,6 +438,7 @@ class Passes:
         the rows that fit the byte budget (plus the one that crossed it)."""
         if rows:
             self._read_up_to = max(self._read_up_to, rows[-1].seq)
+            self._read.note(rows)
         transferred = sum(map(fetched_bytes, rows))
         cut_by_bytes = transferred >= self._fetch_max_bytes
         return Fetched(
@@ -519,6 +558,28 @@ class Passes:
         if len(kept) < len(rows):
             self._stepped_over = True
         return kept
+
+    def asks_for_fetch(self, news: News) -> bool:
+        """Take in the news that woke the loop while it waited for news; False when it asks
+        for no fetch: it holds nothing but notifications, and a fetch read a row at every
+        seq each of them names.
+
+        Under load a fetch often reads a row before the row's notification arrives (its
+        statement began after the commit, the notification came after it began). A fetch
+        for that notification would read nothing, and the quiet after it (QUIET_MS) would
+        hold back what commits next. A notification naming a seq no fetch read (a row not
+        read yet, a late commit, one of another instance's lanes, anything forged) asks for
+        the fetch, as every notification did before; so does one of more than the
+        remembered seqs. Whether a fetch comes now is all a notification decides.
+        """
+        if (
+            news.notified
+            and not (news.full_pass_requested or news.full_pass_hinted or news.full_passes_until)
+            and all(self._read.cover(lowest, highest) for lowest, highest in news.notified)
+        ):
+            return False
+        self._heard(news)
+        return True
 
     def polled(self) -> None:
         """A poll interval passed without news: the next fetch opens a full pass (the safety

@@ -77,13 +77,17 @@ def notified_seqs(payload: str) -> tuple[int, int] | None:
 
 
 _NO_NEWS = News()
+NOTIFIED_LISTED = 64
+"""How many notifications the wake-up lists between two looks of the fetch loop; past that
+it keeps only the lowest seq (relay/passes.py then fetches)."""
 
 
 class WakeUp:
     """A flag the fetch loop waits on: set by notifications and news, cleared by the loop.
 
     It also keeps what was asked of the fetch loop since it last looked: the lowest seq
-    notified (a hint of where to start), whether a notification without seqs hinted at a
+    notified (a hint of where to start) and each notification's seqs (whether they ask for
+    a fetch at all), whether a notification without seqs hinted at a
     full pass, whether the relay itself asked for a full pass (from the beginning of the
     outbox), and for full passes until some time (a failure recorded by the acknowledging
     loop). relay/passes.py decides what to do with each.
@@ -92,6 +96,8 @@ class WakeUp:
     def __init__(self) -> None:
         self._event = anyio.Event()
         self._lowest: int | None = None
+        # Each notification's seqs since the loop last looked; None past NOTIFIED_LISTED.
+        self._notified: list[tuple[int, int]] | None = []
         self._full_pass = False
         self._full_pass_hinted = False
         self._full_passes_until = 0.0
@@ -119,6 +125,11 @@ class WakeUp:
         else:
             lowest = seqs[0]
             self._lowest = lowest if self._lowest is None else min(self._lowest, lowest)
+            if self._notified is not None:
+                if len(self._notified) < NOTIFIED_LISTED:
+                    self._notified.append(seqs)
+                else:
+                    self._notified = None
         self.set()
 
     def take_news(self) -> News:
@@ -133,9 +144,10 @@ class WakeUp:
             full_pass_hinted=self._full_pass_hinted,
             full_passes_until=self._full_passes_until,
             lowest_notified=self._lowest,
+            notified=None if self._notified is None else tuple(self._notified),
         )
         self._full_pass = self._full_pass_hinted = False
-        self._full_passes_until, self._lowest = 0.0, None
+        self._full_passes_until, self._lowest, self._notified = 0.0, None, []
         return news
 
     def clear(self) -> None:

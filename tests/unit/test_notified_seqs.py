@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from relay.passes import News, fetch_start
-from relay.wakeups import WakeUp, notified_seqs
+from relay.wakeups import NOTIFIED_LISTED, WakeUp, notified_seqs
 
 
 @pytest.mark.parametrize(
@@ -55,7 +55,7 @@ def test_a_payload_without_seqs_hints_at_a_full_pass_and_taking_the_news_forgets
     assert wake.take_news() == News()
     wake.notified("5,9")
     wake.notified("3,4")
-    assert wake.take_news() == News(lowest_notified=3)
+    assert wake.take_news() == News(lowest_notified=3, notified=((5, 9), (3, 4)))
     assert wake.take_news() == News()  # handed to the passes, which keep it from there
     wake.notified("")
     assert wake.is_set()
@@ -70,4 +70,16 @@ def test_the_relay_s_own_full_pass_request_is_told_apart_from_a_hint() -> None:
     wake.request_full_passes_until(12.5)
     wake.request_full_passes_until(3.0)  # the later deadline holds
     assert wake.take_news() == News(full_pass_requested=True, full_passes_until=12.5)
+    assert wake.take_news() == News()
+
+
+def test_past_the_listed_notifications_only_the_lowest_seq_is_kept() -> None:
+    wake = WakeUp()
+    for seq in range(NOTIFIED_LISTED, 0, -1):
+        wake.notified(f"{seq},{seq}")
+    listed = wake.take_news()
+    assert listed.notified is not None and len(listed.notified) == NOTIFIED_LISTED
+    for seq in range(NOTIFIED_LISTED + 1, 0, -1):
+        wake.notified(f"{seq},{seq}")
+    assert wake.take_news() == News(lowest_notified=1, notified=None)
     assert wake.take_news() == News()

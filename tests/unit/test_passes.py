@@ -13,6 +13,7 @@ from relay.inflight import InFlightWindow
 from relay.passes import (
     HINTS_PER_POLL,
     QUIET_MS,
+    READ_REMEMBERED,
     Accepted,
     Fetch,
     Fetched,
@@ -401,6 +402,72 @@ def test_a_notification_above_the_cursor_does_not_move_the_start() -> None:
     passes = new_passes()
     settle_cursor_fetches(passes)
     assert fetch(passes, [], now=0.1, lowest=50).plan.start == 2
+
+
+def notified(
+    *ranges: tuple[int, int],
+    full_pass_requested: bool = False,
+    full_pass_hinted: bool = False,
+    full_passes_until: float = 0.0,
+) -> News:
+    """The news of notifications naming these seqs (lowest, highest each), and more."""
+    return News(
+        full_pass_requested,
+        full_pass_hinted,
+        full_passes_until,
+        lowest_notified=min(low for low, _ in ranges),
+        notified=ranges,
+    )
+
+
+def test_a_notification_of_rows_a_fetch_has_read_asks_for_no_fetch() -> None:
+    """The fetch read the rows before their notifications came: waking for them would
+    read nothing, and the quiet after an empty fetch would hold back the next commit."""
+    passes = new_passes()
+    settle_cursor_fetches(passes)  # read 1, 2
+    accept(passes, fetch(passes, rows(4, 5, 7), now=0.1))
+    assert not passes.asks_for_fetch(notified((4, 4), (5, 5), (7, 7), (4, 5)))
+    assert not passes.asks_for_fetch(notified((1, 2)))
+    # the cursor stays, and the next fetch starts from it, not below the seqs notified
+    assert passes.plan(LANES, 0.2).start == 7
+
+
+@pytest.mark.parametrize(
+    ("news", "why"),
+    [
+        (notified((4, 4), (6, 6)), "a seq no fetch read: a row not read yet, or a late commit"),
+        (notified((4, 6)), "a statement's range with a seq no fetch read"),
+        (notified((8, 8)), "above what was read"),
+        (notified((4, 4), full_pass_hinted=True), "with a hint of a full pass"),
+        (notified((4, 4), full_pass_requested=True), "with the relay's own full pass"),
+        (notified((4, 4), full_passes_until=5.0), "with failures waiting for retries"),
+        (News(lowest_notified=4, notified=None), "more notifications than listed"),
+        (News(), "a wake-up with no notification"),
+    ],
+)
+def test_any_other_news_asks_for_a_fetch(news: News, why: str) -> None:
+    passes = new_passes()
+    settle_cursor_fetches(passes)
+    accept(passes, fetch(passes, rows(4, 5, 7), now=0.1))
+    assert passes.asks_for_fetch(news), why
+
+
+def test_a_notification_below_the_cursor_that_asks_for_a_fetch_moves_its_start() -> None:
+    passes = new_passes()
+    settle_cursor_fetches(passes)
+    accept(passes, fetch(passes, rows(4, 5, 7), now=0.1))
+    assert passes.asks_for_fetch(notified((6, 6)))  # 6 committed late, after 7 was read
+    assert passes.plan(LANES, 0.2).start == 5
+
+
+def test_only_the_last_fetches_seqs_are_remembered() -> None:
+    passes = new_passes(new_window(4))
+    found = [row(seq) for seq in range(10, 10 + READ_REMEMBERED + 1)]
+    fetched_at(passes, found, 0.0)
+    assert passes.asks_for_fetch(notified((10, 10)))  # forgotten: the oldest
+    assert not passes.asks_for_fetch(notified((11, 11)))
+    last = 10 + READ_REMEMBERED
+    assert passes.asks_for_fetch(notified((1, last)))  # a range wider than remembered
 
 
 def test_a_full_pass_s_fetch_sends_every_row_it_reads() -> None:
