@@ -164,7 +164,9 @@ QUIET_MS = 10
 """After a fetch that read nothing, the next one starts no sooner than this after it began.
 Any role that can connect may notify, as fast as it likes, announcing nothing: then the
 relay fetches at most once per QUIET_MS. A notification with rows behind it comes after a
-fetch that found rows (or long after one that found none), and waits for nothing."""
+fetch that found rows (or long after one that found none), and waits for nothing, as long
+as no fetch reads nothing for a notification that asked for nothing
+(:meth:`Passes.asks_for_fetch`)."""
 
 READ_REMEMBERED = 8_192
 """How many of the seqs the last fetches read are remembered, to tell a notification that

@@ -156,16 +156,8 @@ async def test_a_light_load_fetch_starts_from_the_cursor_not_the_beginning(
     assert min(starts) >= first["seq"], f"fetches started at {starts}"
 
 
-async def test_a_notification_of_a_row_a_fetch_has_read_brings_no_fetch(
-    db: asyncpg.Connection, database_url: str, kafka_bootstrap: str, topic_namespace: str
-) -> None:
-    """Under load a fetch often reads a row before the row's notification arrives: its
-    statement began after the commit, the notification came after the fetch had begun.
-    That notification asks for nothing more. It used to bring a fetch that read nothing,
-    and then the quiet after an empty fetch (QUIET_MS) held back whatever committed next:
-    in `make bench` at 1,000 events/s, runs of events each waited 10 ms, the run's p99.
-    A notification of a row the relay has not read still brings its fetch."""
-    empty: list[int] = []
+def _counts_empty_fetches(empty: list[int]) -> type[RelayStore]:
+    """The relay's store, noting in ``empty`` where each fetch that read nothing started."""
 
     class CountsEmptyFetches(RelayStore):
         async def fetch_ready(
@@ -176,10 +168,23 @@ async def test_a_notification_of_a_row_a_fetch_has_read_brings_no_fetch(
                 empty.append(cursor)
             return rows
 
+    return CountsEmptyFetches
+
+
+async def test_a_notification_of_a_row_a_fetch_has_read_brings_no_fetch(
+    db: asyncpg.Connection, database_url: str, kafka_bootstrap: str, topic_namespace: str
+) -> None:
+    """Under load a fetch often reads a row before the row's notification arrives: its
+    statement began after the commit, the notification came after the fetch had begun.
+    That notification asks for nothing more. It used to bring a fetch that read nothing,
+    and then the quiet after an empty fetch (QUIET_MS) held back whatever committed next:
+    in `make bench` at 1,000 events/s, runs of events each waited 10 ms, the run's p99.
+    A notification of a row the relay has not read still brings its fetch."""
+    empty: list[int] = []
     config = fast_config(
         database_url, kafka_bootstrap, topic_namespace, poll_interval_ms=_LONG_POLL_MS
     )
-    async with running_relay(config, store_factory=CountsEmptyFetches) as running:
+    async with running_relay(config, store_factory=_counts_empty_fetches(empty)) as running:
         await _settled(running, db)
         read = await _insert(db, "k-read", 1)
         await _all_published(db, [read["id"]], _PROMPTLY_S)
@@ -208,15 +213,7 @@ async def test_a_notification_taken_by_a_fetch_waiting_for_a_slot_brings_no_more
     recording = asyncio.Event()
     release = asyncio.Event()
 
-    class SlowFirstRecord(RelayStore):
-        async def fetch_ready(
-            self, lanes: Any, cursor: int, limit: int, **kwargs: Any
-        ) -> list[OutboxRow]:
-            rows = await super().fetch_ready(lanes, cursor, limit, **kwargs)
-            if not rows:
-                empty.append(cursor)
-            return rows
-
+    class SlowFirstRecord(_counts_empty_fetches(empty)):  # type: ignore[misc]
         async def record_outcome(self, fences: Any, published: Any, *args: Any, **kw: Any) -> Any:
             if any(row.aggregateid == "k-slot" for group in published for row in group.rows):
                 recording.set()
