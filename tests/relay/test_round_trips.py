@@ -26,8 +26,7 @@ import pytest
 from relay import sql
 from relay.config import DEFAULT_TOPIC_TEMPLATE
 from relay.outcome import PublishedGroup
-from relay.records import MAX_FETCHED_ROW_BYTES, OutboxRow
-from relay.store import RELAY_SESSION_SETTINGS, RelayStore, create_relay_pool, record_published
+from relay.store import RELAY_SESSION_SETTINGS, RelayStore, create_relay_pool
 from tests.support.plans import plan_nodes
 
 INSTANCE = "round-trip-test"
@@ -178,33 +177,32 @@ async def test_a_statement_is_planned_once_per_connection_not_on_every_call(
     fences = await _held_lanes(db)
     pool = await create_relay_pool(database_url)
     try:
-        async with pool.acquire() as conn:
-            for n in range(8):  # past the five calls PostgreSQL plans before choosing
-                await db.execute(INSERT_ROW, f"one-{n}", json.dumps(n))
-                rows = [
-                    OutboxRow._make(record)
-                    for record in await conn.fetch(
-                        sql.FETCH_READY,
-                        None,
-                        0,
-                        10,
-                        DEFAULT_TOPIC_TEMPLATE,
-                        0,
-                        MAX_FETCHED_ROW_BYTES,
-                        1 << 20,
-                    )
-                ]
-                assert len(rows) == 1
-                # as the relay records a batch: under the fence of its own lane only
-                fence = {rows[0].lane: fences[rows[0].lane]}
-                group = PublishedGroup("t", 0, n, rows)
-                assert await record_published(conn, INSTANCE, fence, [group]) == 1
-            plans = {
-                row["statement"]: (row["generic_plans"], row["custom_plans"])
+        store = _store(pool)
+        for n in range(8):  # past the five calls PostgreSQL plans before choosing
+            await db.execute(INSERT_ROW, f"one-{n}", json.dumps(n))
+            rows = await store.fetch_ready(list(range(sql.LANE_COUNT)), 0, 10)
+            assert len(rows) == 1
+            # as the relay records a batch: under the fence of its own lane only
+            fence = {rows[0].lane: fences[rows[0].lane]}
+            group = PublishedGroup("t", 0, n, rows)
+            recorded = await store.record_outcome(fence, [group], [], [], max_attempts=5)
+            assert recorded.published == 1
+        # Every connection the pool can hand out, those that ran the statements among them.
+        plans: dict[str, tuple[int, int]] = {}
+        connections = [await pool.acquire() for _ in range(pool.get_max_size())]
+        try:
+            for conn in connections:
                 for row in await conn.fetch(
                     "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
-                )
-            }
+                ):
+                    generic, custom = plans.get(row["statement"], (0, 0))
+                    plans[row["statement"]] = (
+                        generic + row["generic_plans"],
+                        custom + row["custom_plans"],
+                    )
+        finally:
+            for conn in connections:
+                await pool.release(conn)
     finally:
         await pool.close()
     assert plans[sql.RECORD_PUBLISHED] == (8, 0), plans[sql.RECORD_PUBLISHED]
