@@ -360,7 +360,8 @@ class RelayStore:
 
     async def settings_not_in_effect(self, wanted: Mapping[str, str]) -> list[str]:
         """The names of the ``wanted`` session settings (:func:`relay_session_settings`)
-        the server runs with other values."""
+        the server runs with other values, among those a pooler's role must carry: not the
+        start-up parameters the pooler passes on, nor :data:`NAMED_STATEMENTS_ONLY`."""
         names = sorted(wanted.keys() - POOLER_STARTUP_PARAMETERS - NAMED_STATEMENTS_ONLY)
         async with pooled(self._pool) as conn:
             rows = await conn.fetch(
