@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
@@ -34,7 +35,7 @@ from typing import Any
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from bench import database_stats
+from bench import database_stats, round_trip_floor
 from bench.deployment import REPO, start_relay_process
 from bench.endurance import AGGREGATE, LANES, Ledger, write
 from bench.peers import measure
@@ -147,6 +148,7 @@ async def measure_once(
             finally:
                 relay.terminate()
                 await relay.wait()
+        floor = await _round_trip_floor(url, bootstrap, topic)
     finally:
         await consumer.stop()
         for conn in (*conns, *([monitor] if monitor else [])):
@@ -163,6 +165,8 @@ async def measure_once(
 
     groups = cpu.snapshot()
     own = processes.snapshot()
+    calls_per_event = {c.name: round(c.calls / max(events, 1), 3) for c in costs[:8]}
+    floor_us = round_trip_floor.floor_per_event(floor, calls_per_event)
     return {
         "source": str(source),
         "rate": rate,
@@ -174,23 +178,49 @@ async def measure_once(
         "postgres_us": us(sum(v for g, v in groups.items() if g != "cluster")),
         "postgres_by_group_us": {g: us(v) for g, v in groups.items()},
         "statements_us": {c.name: round(c.total_ms * 1000 / max(events, 1), 1) for c in costs[:8]},
-        "statement_calls_per_event": {
-            c.name: round(c.calls / max(events, 1), 3) for c in costs[:8]
-        },
+        "statement_calls_per_event": calls_per_event,
+        "round_trip_floor": floor,
+        "floor_us": floor_us,
         "load_average": round(os.getloadavg()[0], 2),
     }
+
+
+async def _round_trip_floor(url: str, bootstrap: str, topic: str) -> dict[str, Any]:
+    """bench/round_trip_floor.py in a process of its own, once the relay has stopped."""
+    floor = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.round_trip_floor",
+        "--topic",
+        topic,
+        cwd=REPO,
+        env={**os.environ, "DATABASE_URL": url, "KAFKA_BOOTSTRAP_SERVERS": bootstrap},
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await floor.communicate()
+    if floor.returncode != 0:
+        raise RuntimeError(f"bench.round_trip_floor exited {floor.returncode}")
+    result: dict[str, Any] = json.loads(out)
+    return result
 
 
 def line(figures: dict[str, Any]) -> str:
     """One measurement, one line."""
     groups = figures["postgres_by_group_us"]
+    rt = figures["round_trip_floor"]
+    floor_text = (
+        f"PostgreSQL round trip {rt['postgres_round_trip_us']:.0f}, produce "
+        f"{rt['produce_us']:.0f}, notification {rt['notification_us']:.0f}"
+    )
     split = ", ".join(f"{g} {v:.0f}" for g, v in sorted(groups.items()) if v)
     return (
         f"{Path(figures['source']).name or figures['source']:>14} {figures['rate']:>5}/s "
         f"(writers {figures['committed_rate']}/s, {figures['published']} events in "
         f"{figures['window_s']:.0f} s): relay {figures['relay_us']:.0f} us/event, sidecar "
         f"{figures['sidecar_us']:.0f}, PostgreSQL {figures['postgres_us']:.0f} ({split}); "
-        f"load {figures['load_average']}"
+        f"load {figures['load_average']}\n"
+        f"    round trips' floor {figures['floor_us']:.0f} us/event ({floor_text}): "
+        f"relay / floor {figures['relay_us'] / max(figures['floor_us'], 1):.2f}"
     )
 
 
@@ -202,8 +232,10 @@ def medians(results: list[dict[str, Any]], rates: list[int], sources: list[Path]
             mine = [r for r in results if r["rate"] == rate and r["source"] == str(source)]
             relay = statistics.median(r["relay_us"] for r in mine)
             postgres = statistics.median(r["postgres_us"] for r in mine)
+            floor = statistics.median(r["relay_us"] / max(r["floor_us"], 1) for r in mine)
             lines.append(
-                f"  {source} at {rate}/s: relay {relay:.0f}, PostgreSQL {postgres:.0f} ({len(mine)} runs)"
+                f"  {source} at {rate}/s: relay {relay:.0f}, PostgreSQL {postgres:.0f}, "
+                f"relay / its round trips' floor {floor:.2f} ({len(mine)} runs)"
             )
     return "\n".join(lines)
 

@@ -1,0 +1,156 @@
+"""What one round trip costs a client process on this machine, the floor under the relay's
+CPU per event at a steady rate.
+
+At 1,000 events/s the relay's batches hold two or three events: each event pays a share of
+a fetch, a produce request and a recording statement, and a notification of its own. This
+measures each of those round trips bare, in a process of its own on the relay's event loop
+(uvloop where installed) and connecting as the relay does (the same URL, so the same TLS):
+
+- ``postgres_round_trip_us``: a prepared one-row ``SELECT`` and its answer;
+- ``produce_us``: one 1 KiB record sent and acknowledged (acks=all, idempotent, no linger:
+  the relay's producer settings);
+- ``notification_us``: one ``NOTIFY`` received by a listening connection (the CPU of
+  notifying and receiving, less that of notifying alone).
+
+``cpu_per_event`` prints the relay's CPU per event over this floor times its statement
+counts, measured in the same run: the share of the relay's cost that is its own work rather
+than the round trips' that no client avoids.
+
+    python -m bench.round_trip_floor [--calls 2000]   # prints one JSON object
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+from aiokafka import AIOKafkaProducer
+
+from outbox_relay.runtime import event_loop_factory
+
+WARMUP_CALLS = 200
+PAYLOAD = b"x" * 1024
+
+
+async def _cpu_per_call(call: Callable[[int], Awaitable[object]], calls: int) -> float:
+    """The process's CPU seconds per call of ``call``, awaited one at a time."""
+    for i in range(WARMUP_CALLS):
+        await call(i)
+    began = time.process_time()
+    for i in range(calls):
+        await call(i)
+    return (time.process_time() - began) / calls
+
+
+async def postgres_round_trip(url: str, calls: int) -> float:
+    conn = await asyncpg.connect(url)
+    try:
+        statement = await conn.prepare("SELECT $1::bigint")
+        return await _cpu_per_call(statement.fetchval, calls)
+    finally:
+        await conn.close()
+
+
+async def produce(bootstrap: str, topic: str, calls: int) -> float:
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=0
+    )
+    await producer.start()
+    try:
+
+        async def send(i: int) -> object:
+            return await producer.send_and_wait(
+                topic, PAYLOAD, key=f"key-{i % 1000}".encode(), headers=[("id", b"0" * 36)]
+            )
+
+        return await _cpu_per_call(send, calls)
+    finally:
+        await producer.stop()
+
+
+async def notification(url: str, calls: int) -> float:
+    """CPU of notifying and receiving, less that of notifying with nobody listening."""
+    channel = f"floor_{uuid.uuid4().hex[:8]}"
+    notifier = await asyncpg.connect(url)
+    listener = await asyncpg.connect(url)
+    try:
+        notify = await notifier.prepare("SELECT pg_notify($1, $2)")
+        alone = await _cpu_per_call(lambda i: notify.fetchval(channel, str(i)), calls)
+        received = 0
+        arrived = asyncio.Event()
+
+        def on_notify(*_: object) -> None:
+            nonlocal received
+            received += 1
+            arrived.set()
+
+        await listener.add_listener(channel, on_notify)
+
+        async def notified(i: int) -> None:
+            arrived.clear()
+            await notify.fetchval(channel, str(i))
+            await arrived.wait()
+
+        both = await _cpu_per_call(notified, calls)
+        if received != calls + WARMUP_CALLS:
+            raise RuntimeError(f"{received} notifications received of {calls + WARMUP_CALLS}")
+        return max(both - alone, 0.0)
+    finally:
+        await listener.close()
+        await notifier.close()
+
+
+async def measure(url: str, bootstrap: str, topic: str, calls: int) -> dict[str, Any]:
+    """Each round trip's CPU in µs, one after the other."""
+    us = 1e6
+    return {
+        "postgres_round_trip_us": round(await postgres_round_trip(url, calls) * us, 1),
+        "produce_us": round(await produce(bootstrap, topic, calls) * us, 1),
+        "notification_us": round(await notification(url, calls) * us, 1),
+        "calls": calls,
+    }
+
+
+def floor_per_event(floor: dict[str, Any], calls_per_event: dict[str, float]) -> float:
+    """The round trips' CPU per event at a relay's statement counts per event: a fetch and a
+    produce request per fetch that found rows, a recording statement, a notification each."""
+    fetches = calls_per_event.get("relay: fetch (FETCH_READY)", 0.0)
+    records = calls_per_event.get("relay: acknowledgement (RECORD_PUBLISHED)", 0.0)
+    return round(
+        (fetches + records) * floor["postgres_round_trip_us"]
+        + min(fetches, 1.0) * floor["produce_us"]
+        + floor["notification_us"],
+        1,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--topic", required=True, help="an existing topic to produce to")
+    args = parser.parse_args(argv)
+    url, bootstrap = os.environ.get("DATABASE_URL"), os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if not url or not bootstrap:
+        print(
+            "bench.round_trip_floor: DATABASE_URL and KAFKA_BOOTSTRAP_SERVERS are needed",
+            file=sys.stderr,
+        )
+        return 2
+    if args.calls < 1:
+        parser.error("--calls must be positive")
+    runner = asyncio.Runner(loop_factory=event_loop_factory())
+    with runner:
+        print(json.dumps(runner.run(measure(url, bootstrap, args.topic, args.calls))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
