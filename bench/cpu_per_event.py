@@ -8,7 +8,9 @@ warm-up not counted, then a steady window: CPU seconds over the events published
 (no backlog, no catch-up). Printed per event, in µs: the relay's process, the sidecar's,
 and PostgreSQL's processes of that database by whom they serve (bench/database_stats.py:
 the relay's backends, the sidecar's, the writers', autovacuum; the cluster's shared
-processes apart), and the statements' execution time from pg_stat_statements.
+processes apart), and the statements' execution time from pg_stat_statements. After each
+window bench/round_trip_floor.py measures the bare round trips in a process of its own, and
+the line gives the relay's CPU over their floor at the window's statement counts.
 
     python -m bench.cpu_per_event [--source PATH ...] [--rate 1000 ...] [--seconds 60]
         [--warmup-seconds 10] [--runs 1] [--no-sidecar] [--json FILE]
