@@ -51,14 +51,16 @@ _PAGE_POLICY = (
     "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'",
 )
 # The sidecar's sessions: read-only, every probe on its index whatever the statistics say,
-# each statement with parameters on its cached generic plan, no JIT (docs/health.md, "How
-# the completion check scales", says why each). Behind a transaction pooler only
-# application_name reaches the server, and the sidecar's role is read-only by its grants.
+# each statement with parameters on its cached generic plan, no JIT, no parallel workers
+# (docs/health.md, "How the completion check scales", says why each). Behind a transaction
+# pooler only application_name reaches the server, and the sidecar's role is read-only by
+# its grants.
 SIDECAR_SESSION_SETTINGS = {
     "application_name": "outbox-relay-health",
     "default_transaction_read_only": "on",
     "enable_seqscan": "off",
     "jit": "off",
+    "max_parallel_workers_per_gather": "0",
     "plan_cache_mode": "force_generic_plan",
 }
 # The longest a stopping sidecar waits for its connections to close before dropping them.

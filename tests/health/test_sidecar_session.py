@@ -119,6 +119,37 @@ async def test_no_probe_is_compiled_just_in_time(
     assert "JIT" not in plan, plan["JIT"]
 
 
+async def test_no_probe_starts_parallel_workers_while_the_statistics_count_a_backlog(
+    db: asyncpg.Connection, sidecar_db: asyncpg.Connection
+) -> None:
+    """Right after a catch-up the outbox is empty but its statistics still count the
+    backlog, until autovacuum analyzes it again: PostgreSQL then planned the outbox probe
+    as a parallel index scan and started two worker processes for it on every evaluation,
+    every few seconds, on the database the writers share. A probe of a few rows never
+    gains from them."""
+    await db.execute("ALTER TABLE outbox SET (autovacuum_enabled = false)")
+    await db.execute(
+        """INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
+           SELECT 'order', 'k' || (g % 1000), 'created',
+                  jsonb_build_object('fill', repeat('x', 300))
+           FROM generate_series(1, 150000) AS g"""
+    )
+    await db.execute("ANALYZE outbox")
+    await db.execute("DELETE FROM outbox")
+    for probe, args in ((OUTBOX_PROBE, ()), (RELAY_PROBE, (20_000,))):
+        (plan,) = json.loads(await sidecar_db.fetchval("EXPLAIN (FORMAT JSON) " + probe, *args))
+        parallel = [
+            n["Node Type"]
+            for n in plan_nodes(plan["Plan"])
+            if n.get("Parallel Aware") or n["Node Type"].startswith("Gather")
+        ]
+        assert parallel == [], parallel
+    # Without the sidecar's settings the same probe is parallel: the test stages what it
+    # is about.
+    (plan,) = json.loads(await db.fetchval("EXPLAIN (FORMAT JSON) " + OUTBOX_PROBE))
+    assert any(n["Node Type"].startswith("Gather") for n in plan_nodes(plan["Plan"]))
+
+
 async def test_open_transaction_rule_holds_without_the_checks_transaction(
     sidecar_db: asyncpg.Connection, db: asyncpg.Connection, database_url: str
 ) -> None:
