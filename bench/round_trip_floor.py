@@ -7,8 +7,8 @@ measures each of those round trips bare, in a process of its own on the relay's 
 (uvloop where installed) and connecting as the relay does (the same URL, so the same TLS):
 
 - ``postgres_round_trip_us``: a prepared one-row ``SELECT`` and its answer;
-- ``produce_us``: one 1 KiB record sent and acknowledged (acks=all, idempotent, no linger:
-  the relay's producer settings);
+- ``produce_us``: one 1 KiB record sent and acknowledged by the benchmarks' baseline
+  producer (bench/peers/subjects.py ``raw_producer``: the relay's producer settings);
 - ``notification_us``: one ``NOTIFY`` received by a listening connection (the CPU of
   notifying and receiving, less that of notifying alone).
 
@@ -32,8 +32,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
-from aiokafka import AIOKafkaProducer
 
+from bench.peers.subjects import raw_producer
 from outbox_relay.runtime import event_loop_factory
 
 WARMUP_CALLS = 200
@@ -60,9 +60,7 @@ async def postgres_round_trip(url: str, calls: int) -> float:
 
 
 async def produce(bootstrap: str, topic: str, calls: int) -> float:
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=0
-    )
+    producer = raw_producer(bootstrap)
     await producer.start()
     try:
 
