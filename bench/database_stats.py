@@ -67,11 +67,13 @@ SELECT a.pid, a.datname = current_database() AS here, a.datid IS NULL AS cluster
 FROM pg_catalog.pg_stat_activity a
 """
 
+FETCH_STATEMENT = "relay: fetch (FETCH_READY)"
+RECORD_STATEMENT = "relay: acknowledgement (RECORD_PUBLISHED)"
 # The statements of this product and of the benchmark, told apart by a fragment of their
 # text: the first rule that matches names a statement.
 STATEMENT_NAMES = (
-    ("AS duplicate", "relay: fetch (FETCH_READY)"),
-    ("moved AS (", "relay: acknowledgement (RECORD_PUBLISHED)"),
+    ("AS duplicate", FETCH_STATEMENT),
+    ("moved AS (", RECORD_STATEMENT),
     ("DELETE FROM outbox_receipt", "relay: prune receipts"),
     ("outbox_seq_seq", "relay: pass bound (SEQ_ALLOCATED)"),
     ("failed AS (", "relay: record failure"),

@@ -33,6 +33,7 @@ from typing import Any
 
 import asyncpg
 
+from bench.database_stats import FETCH_STATEMENT, RECORD_STATEMENT
 from bench.peers.subjects import raw_producer
 from outbox_relay.runtime import event_loop_factory
 
@@ -120,8 +121,8 @@ async def measure(url: str, bootstrap: str, topic: str, calls: int) -> dict[str,
 def floor_per_event(floor: dict[str, Any], calls_per_event: dict[str, float]) -> float:
     """The round trips' CPU per event at a relay's statement counts per event: a fetch and a
     produce request per fetch that found rows, a recording statement, a notification each."""
-    fetches = calls_per_event.get("relay: fetch (FETCH_READY)", 0.0)
-    records = calls_per_event.get("relay: acknowledgement (RECORD_PUBLISHED)", 0.0)
+    fetches = calls_per_event.get(FETCH_STATEMENT, 0.0)
+    records = calls_per_event.get(RECORD_STATEMENT, 0.0)
     return round(
         (fetches + records) * floor["postgres_round_trip_us"]
         + min(fetches, 1.0) * floor["produce_us"]
