@@ -9,8 +9,9 @@ warm-up not counted, then a steady window: CPU seconds over the events published
 and PostgreSQL's processes of that database by whom they serve (bench/database_stats.py:
 the relay's backends, the sidecar's, the writers', autovacuum; the cluster's shared
 processes apart), and the statements' execution time from pg_stat_statements. After each
-window bench/round_trip_floor.py measures the bare round trips in a process of its own, and
-the line gives the relay's CPU over their floor at the window's statement counts.
+window bench/round_trip_floor.py measures the bare round trips in a process of its own, back
+to back and paced at the relay's interval between fetches in the window, and the line gives
+the relay's CPU over both floors at the window's statement counts.
 
     python -m bench.cpu_per_event [--source PATH ...] [--rate 1000 ...] [--seconds 60]
         [--warmup-seconds 10] [--runs 1] [--no-sidecar] [--json FILE]
@@ -150,7 +151,8 @@ async def measure_once(
             finally:
                 relay.terminate()
                 await relay.wait()
-        floor = await _round_trip_floor(url, bootstrap, topic)
+        fetches = sum(c.calls for c in costs if c.name == database_stats.FETCH_STATEMENT)
+        floor = await _round_trip_floor(url, bootstrap, topic, pace_s=window_s / max(fetches, 1))
     finally:
         await consumer.stop()
         for conn in (*conns, *([monitor] if monitor else [])):
@@ -169,6 +171,7 @@ async def measure_once(
     own = processes.snapshot()
     calls_per_event = {c.name: round(c.calls / max(events, 1), 3) for c in costs[:8]}
     floor_us = round_trip_floor.floor_per_event(floor, calls_per_event)
+    paced_floor_us = round_trip_floor.floor_per_event(floor["paced"], calls_per_event)
     return {
         "source": str(source),
         "rate": rate,
@@ -183,18 +186,24 @@ async def measure_once(
         "statement_calls_per_event": calls_per_event,
         "round_trip_floor": floor,
         "floor_us": floor_us,
+        "paced_floor_us": paced_floor_us,
         "load_average": round(os.getloadavg()[0], 2),
     }
 
 
-async def _round_trip_floor(url: str, bootstrap: str, topic: str) -> dict[str, Any]:
-    """bench/round_trip_floor.py in a process of its own, once the relay has stopped."""
+async def _round_trip_floor(
+    url: str, bootstrap: str, topic: str, *, pace_s: float
+) -> dict[str, Any]:
+    """bench/round_trip_floor.py in a process of its own, once the relay has stopped, paced
+    also at ``pace_s`` (the relay's interval between fetches in the window)."""
     floor = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "bench.round_trip_floor",
         "--topic",
         topic,
+        "--pace-ms",
+        f"{pace_s * 1000:.3f}",
         cwd=REPO,
         env={**os.environ, "DATABASE_URL": url, "KAFKA_BOOTSTRAP_SERVERS": bootstrap},
         stdout=asyncio.subprocess.PIPE,
@@ -210,10 +219,14 @@ def line(figures: dict[str, Any]) -> str:
     """One measurement, one line."""
     groups = figures["postgres_by_group_us"]
     rt = figures["round_trip_floor"]
-    floor_text = (
-        f"PostgreSQL round trip {rt['postgres_round_trip_us']:.0f}, produce "
-        f"{rt['produce_us']:.0f}, notification {rt['notification_us']:.0f}"
-    )
+    paced = rt["paced"]
+
+    def trips(floor: dict[str, Any]) -> str:
+        return (
+            f"PostgreSQL round trip {floor['postgres_round_trip_us']:.0f}, produce "
+            f"{floor['produce_us']:.0f}, notification {floor['notification_us']:.0f}"
+        )
+
     split = ", ".join(f"{g} {v:.0f}" for g, v in sorted(groups.items()) if v)
     return (
         f"{Path(figures['source']).name or figures['source']:>14} {figures['rate']:>5}/s "
@@ -221,8 +234,11 @@ def line(figures: dict[str, Any]) -> str:
         f"{figures['window_s']:.0f} s): relay {figures['relay_us']:.0f} us/event, sidecar "
         f"{figures['sidecar_us']:.0f}, PostgreSQL {figures['postgres_us']:.0f} ({split}); "
         f"load {figures['load_average']}\n"
-        f"    round trips' floor {figures['floor_us']:.0f} us/event ({floor_text}): "
-        f"relay / floor {figures['relay_us'] / max(figures['floor_us'], 1):.2f}"
+        f"    round trips' floor {figures['floor_us']:.0f} us/event back to back "
+        f"({trips(rt)}): relay / floor {figures['relay_us'] / max(figures['floor_us'], 1):.2f}\n"
+        f"    paced one per {paced['pace_ms']:.2f} ms like the relay's fetches "
+        f"{figures['paced_floor_us']:.0f} us/event ({trips(paced)}): relay / paced floor "
+        f"{figures['relay_us'] / max(figures['paced_floor_us'], 1):.2f}"
     )
 
 
@@ -235,9 +251,11 @@ def medians(results: list[dict[str, Any]], rates: list[int], sources: list[Path]
             relay = statistics.median(r["relay_us"] for r in mine)
             postgres = statistics.median(r["postgres_us"] for r in mine)
             floor = statistics.median(r["relay_us"] / max(r["floor_us"], 1) for r in mine)
+            paced = statistics.median(r["relay_us"] / max(r["paced_floor_us"], 1) for r in mine)
             lines.append(
                 f"  {source} at {rate}/s: relay {relay:.0f}, PostgreSQL {postgres:.0f}, "
-                f"relay / its round trips' floor {floor:.2f} ({len(mine)} runs)"
+                f"relay / its round trips' floor {floor:.2f} back to back, {paced:.2f} "
+                f"paced ({len(mine)} runs)"
             )
     return "\n".join(lines)
 
