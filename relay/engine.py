@@ -358,6 +358,7 @@ class Relay:
                 self._producer.reset("stopping with records unanswered")
             await self._producer.stop()
             with anyio.move_on_after(self._time_left_to_stop()) as closing:
+                await store.close()  # its kept connections: the pool waits for them
                 await pool.close()
             if closing.cancelled_caught:  # a server that stopped answering: just drop them
                 pool.terminate()

@@ -4,8 +4,8 @@ Every statement the relay sends is a round trip to the server, and on a small ma
 each costs the relay, the server and the scheduler far more than the statement itself,
 mostly in writing to sockets. A fetch is one
 statement and recording a published batch is one statement, including the end of its
-transaction and the release of its pooled connection (the relay's sessions keep no
-state to reset).
+transaction; the store keeps its connections between statements, and the relay's
+sessions keep no state to reset when one goes back to the pool.
 
 Statements are counted where the driver sends them (``Connection.execute`` without
 arguments goes out as a simple query, everything else through ``_execute``), on the
@@ -14,6 +14,7 @@ relay's own pool and a real server.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from relay.config import DEFAULT_TOPIC_TEMPLATE
 from relay.outcome import PublishedGroup
 from relay.store import RELAY_SESSION_SETTINGS, RelayStore, create_relay_pool
 from tests.support.plans import plan_nodes
+from tests.support.waiting import wait_until
 
 INSTANCE = "round-trip-test"
 INSERT_ROW = """
@@ -76,8 +78,8 @@ async def test_a_fetch_and_the_record_of_a_published_batch_are_one_statement_eac
         await db.execute(INSERT_ROW, f"k{n}", json.dumps(n))
     fences = await _held_lanes(db)
     pool = await create_relay_pool(database_url)
+    store = _store(pool)
     try:
-        store = _store(pool)
         await store.fetch_ready(list(range(sql.LANE_COUNT)), 0, 10)  # statements prepared
         with counted_statements(monkeypatch) as sent:
             rows = await store.fetch_ready(list(range(sql.LANE_COUNT)), 0, 10)
@@ -91,6 +93,7 @@ async def test_a_fetch_and_the_record_of_a_published_batch_are_one_statement_eac
         # The plain insert of the receipts, not the upsert (sql.RECORD_PUBLISHED).
         assert sent == [sql.RECORD_PUBLISHED], sent
     finally:
+        await store.close()
         await pool.close()
 
     # The same bookkeeping as before: receipts at their offsets, progress counted.
@@ -118,8 +121,8 @@ async def test_an_event_published_before_gets_its_receipt_moved_to_the_new_offse
     )
     fences = await _held_lanes(db)
     pool = await create_relay_pool(database_url)
+    store = _store(pool)
     try:
-        store = _store(pool)
         rows = await store.fetch_ready(list(range(sql.LANE_COUNT)), 0, 10)
         with counted_statements(monkeypatch) as sent:
             recorded = await store.record_outcome(
@@ -128,6 +131,7 @@ async def test_an_event_published_before_gets_its_receipt_moved_to_the_new_offse
         assert recorded.published == 2
         assert sent == [sql.RECORD_PUBLISHED, sql.RECORD_REPUBLISHED], sent
     finally:
+        await store.close()
         await pool.close()
     receipts = await db.fetch(
         "SELECT aggregateid, topic, kafka_partition, kafka_offset FROM outbox_receipt "
@@ -149,12 +153,13 @@ async def test_the_bookkeeping_commit_setting_does_not_stay_on_the_pooled_connec
     await db.execute(INSERT_ROW, "k", json.dumps(1))
     fences = await _held_lanes(db)
     pool = await create_relay_pool(database_url)
+    store = _store(pool)
     try:
-        store = _store(pool)
         rows = await store.fetch_ready(list(range(sql.LANE_COUNT)), 0, 10)
         group = PublishedGroup("t", 0, 0, rows)
         await store.record_outcome(fences, [group], [], [], max_attempts=5)
         # Every connection the pool can hand out, the one that recorded among them.
+        await store.close()  # the store's kept connections back in the pool
         connections = [await pool.acquire() for _ in range(pool.get_max_size())]
         try:
             for conn in connections:
@@ -163,6 +168,7 @@ async def test_the_bookkeeping_commit_setting_does_not_stay_on_the_pooled_connec
             for conn in connections:
                 await pool.release(conn)
     finally:
+        await store.close()
         await pool.close()
 
 
@@ -176,8 +182,8 @@ async def test_a_statement_is_planned_once_per_connection_not_on_every_call(
     generic plan, made once per connection."""
     fences = await _held_lanes(db)
     pool = await create_relay_pool(database_url)
+    store = _store(pool)
     try:
-        store = _store(pool)
         for n in range(8):  # past the five calls PostgreSQL plans before choosing
             await db.execute(INSERT_ROW, f"one-{n}", json.dumps(n))
             rows = await store.fetch_ready(list(range(sql.LANE_COUNT)), 0, 10)
@@ -188,6 +194,7 @@ async def test_a_statement_is_planned_once_per_connection_not_on_every_call(
             recorded = await store.record_outcome(fence, [group], [], [], max_attempts=5)
             assert recorded.published == 1
         # Every connection the pool can hand out, those that ran the statements among them.
+        await store.close()  # the store's kept connections back in the pool
         plans: dict[str, tuple[int, int]] = {}
         connections = [await pool.acquire() for _ in range(pool.get_max_size())]
         try:
@@ -204,6 +211,7 @@ async def test_a_statement_is_planned_once_per_connection_not_on_every_call(
             for conn in connections:
                 await pool.release(conn)
     finally:
+        await store.close()
         await pool.close()
     assert plans[sql.RECORD_PUBLISHED] == (8, 0), plans[sql.RECORD_PUBLISHED]
     assert plans[sql.FETCH_READY] == (8, 0), plans[sql.FETCH_READY]
@@ -256,3 +264,78 @@ async def test_a_fetch_reads_stored_sizes_prints_only_what_it_sends_and_probes_h
             assert not [n for n in nodes if n.get("Index Name") == "outbox_held_key_idx"], plan
     finally:
         await conn.close()
+
+
+async def test_the_hot_path_keeps_its_connections_instead_of_a_checkout_per_statement(
+    db: asyncpg.Connection, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 1,000 events/s asyncpg's pool checkout (a timeout, and a shielded task per
+    release) cost the relay about 5 % of its CPU: a fetch and a recording every two or
+    three events each took one. The store keeps its connections between statements."""
+    fences = await _held_lanes(db)
+    pool = await create_relay_pool(database_url)
+    store = _store(pool)
+    checkouts: list[object] = []
+    acquire = asyncpg.pool.Pool.acquire
+
+    def counted_acquire(self: asyncpg.Pool, *args: Any, **kwargs: Any) -> Any:
+        checkouts.append(self)
+        return acquire(self, *args, **kwargs)
+
+    monkeypatch.setattr(asyncpg.pool.Pool, "acquire", counted_acquire)
+    try:
+        for n in range(5):
+            await db.execute(INSERT_ROW, f"kept-{n}", json.dumps(n))
+            rows = await store.fetch_ready(list(range(sql.LANE_COUNT)), 0, 10)
+            group = PublishedGroup("t", 0, n, rows)
+            assert (await store.record_outcome(fences, [group], [], [], max_attempts=5)).published
+        assert len(checkouts) == 1, f"{len(checkouts)} checkouts for 10 statements"
+    finally:
+        await store.close()
+        await pool.close()  # returns: nothing is still kept
+
+
+async def test_a_kept_connection_the_server_closed_or_a_failed_statement_left_is_not_used(
+    db: asyncpg.Connection, database_url: str
+) -> None:
+    """A connection closed while it was kept (its backend terminated) is given back to the
+    pool, which opens a fresh one, as its own checkout would: the next statement does not
+    fail on it. One whose statement failed is thrown away (its backend ends), not kept."""
+    await db.execute(INSERT_ROW, "k", json.dumps(1))
+    pool = await create_relay_pool(database_url, statement_timeout_ms=300)
+    store = _store(pool)
+    lanes = list(range(sql.LANE_COUNT))
+    relay_backends = (
+        "SELECT pid FROM pg_stat_activity "
+        "WHERE application_name = 'outbox-relay' AND datname = current_database()"
+    )
+    try:
+        assert len(await store.fetch_ready(lanes, 0, 10)) == 1
+        kept = {r["pid"] for r in await db.fetch(relay_backends)}
+        await db.execute(f"SELECT pg_terminate_backend(pid) FROM ({relay_backends}) AS r")
+        await wait_until(
+            lambda: _gone(db, relay_backends, kept, every=True), what="the relay's backends"
+        )
+        await asyncio.sleep(0.2)  # the client reads the end of its connections
+        assert len(await store.fetch_ready(lanes, 0, 10)) == 1
+
+        async with db.transaction():
+            await db.execute("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE")
+            blocked = {r["pid"] for r in await db.fetch(relay_backends)}
+            with pytest.raises(asyncpg.QueryCanceledError):
+                await store.fetch_ready(lanes, 0, 10)  # waits for the lock past its timeout
+        await wait_until(
+            lambda: _gone(db, relay_backends, blocked), what="the failed connection's backend"
+        )
+        assert len(await store.fetch_ready(lanes, 0, 10)) == 1
+    finally:
+        await store.close()
+        await pool.close()
+
+
+async def _gone(
+    db: asyncpg.Connection, backends: str, pids: set[int], *, every: bool = False
+) -> bool:
+    """True once one of ``pids`` (``every``: each of them) no longer runs."""
+    ended = pids - {r["pid"] for r in await db.fetch(backends)}
+    return ended == pids if every else bool(ended)
