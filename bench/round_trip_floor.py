@@ -56,8 +56,7 @@ async def _cpu_per_call(
     ``pace_s``, one call per ``pace_s``, less the CPU of sleeping at that pace alone."""
     for i in range(WARMUP_CALLS):
         await call(i)
-    if pace_s:
-        calls = paced_calls(calls, pace_s)
+    calls = paced_calls(calls, pace_s)
     began = time.process_time()
     for i in range(calls):
         await call(i)
@@ -68,8 +67,10 @@ async def _cpu_per_call(
 
 
 def paced_calls(calls: int, pace_s: float) -> int:
-    """How many calls a paced measurement makes: ``calls``, or fewer to stay near
-    :data:`PACED_SECONDS` at a slow pace (never fewer than 100)."""
+    """How many calls a measurement makes: ``calls`` back to back (``pace_s`` 0) or at a
+    fast pace, fewer to stay near :data:`PACED_SECONDS` at a slow one (never below 100)."""
+    if not pace_s:
+        return calls
     return max(min(calls, int(PACED_SECONDS / pace_s)), 100)
 
 
@@ -129,7 +130,7 @@ async def notification(url: str, calls: int, pace_s: float = 0.0) -> float:
             await arrived.wait()
 
         both = await _cpu_per_call(notified, calls, pace_s)
-        sent = (paced_calls(calls, pace_s) if pace_s else calls) + WARMUP_CALLS
+        sent = paced_calls(calls, pace_s) + WARMUP_CALLS
         if received != sent:
             raise RuntimeError(f"{received} notifications received of {sent}")
         return max(both - alone, 0.0)
@@ -159,7 +160,7 @@ async def _round_trips(
         "postgres_round_trip_us": round(await postgres_round_trip(url, calls, pace_s) * us, 1),
         "produce_us": round(await produce(bootstrap, topic, calls, pace_s) * us, 1),
         "notification_us": round(await notification(url, calls, pace_s) * us, 1),
-        "calls": paced_calls(calls, pace_s) if pace_s else calls,
+        "calls": paced_calls(calls, pace_s),
     }
 
 

@@ -27,6 +27,7 @@ def test_a_paced_measurement_stays_near_its_length_but_never_below_a_hundred_cal
     assert paced_calls(2000, 0.01) == 500  # 5 s at 10 ms
     assert paced_calls(2000, 1.0) == 100  # a slow pace still measures enough calls
     assert paced_calls(50, 0.01) == 100
+    assert paced_calls(2000, 0.0) == 2000  # back to back: every call asked for
 
 
 def test_the_paced_floor_uses_the_same_statement_counts() -> None:
