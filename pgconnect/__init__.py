@@ -250,6 +250,16 @@ DB_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+def is_open(conn: asyncpg.Connection) -> bool:
+    """False once the connection closed. The pool takes back a connection that closes
+    while it is out, and asyncpg then refuses every call on it, ``is_closed()`` too: asking
+    must not replace the error (or the cancellation) that is on its way out."""
+    try:
+        return not conn.is_closed()
+    except asyncpg.InterfaceError:
+        return False
+
+
 @contextlib.asynccontextmanager
 async def pooled(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
     """A pool connection that is thrown away, not reused, when anything went wrong on it.
@@ -261,6 +271,6 @@ async def pooled(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
         try:
             yield conn
         except BaseException:
-            if not conn.is_closed():
+            if is_open(conn):
                 conn.terminate()
             raise

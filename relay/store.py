@@ -12,7 +12,7 @@ from typing import NamedTuple, Protocol
 
 import asyncpg
 
-from pgconnect import POOLER_STARTUP_PARAMETERS, create_pool, pool_options
+from pgconnect import POOLER_STARTUP_PARAMETERS, create_pool, is_open, pool_options
 from relay import sql
 from relay.outcome import FailedRow, PublishedGroup
 from relay.records import MAX_FETCHED_ROW_BYTES, OutboxRow, held_topic
@@ -280,15 +280,6 @@ class StoreFactory(Protocol):
 KEPT_CONNECTIONS = 2
 
 
-def _open(conn: asyncpg.Connection) -> bool:
-    """False once the connection closed; the pool takes back one that closes while out
-    (asyncpg then refuses every call on it, this one too)."""
-    try:
-        return not conn.is_closed()
-    except asyncpg.InterfaceError:
-        return False
-
-
 class _KeptConnections:
     """Up to :data:`KEPT_CONNECTIONS` of a pool's connections, kept between statements."""
 
@@ -301,7 +292,7 @@ class _KeptConnections:
         given back (the pool opens a fresh one), as the pool itself would at checkout."""
         while self._kept:
             conn = self._kept.pop()
-            if _open(conn):
+            if is_open(conn):
                 return conn
             await self._pool.release(conn)  # nothing to do when the pool took it back
         acquired: asyncpg.Connection = await self._pool.acquire()
@@ -317,7 +308,7 @@ class _KeptConnections:
 
     async def drop(self, conn: asyncpg.Connection) -> None:
         """Throw away a connection something went wrong on."""
-        if _open(conn):
+        if is_open(conn):
             conn.terminate()
         await self._pool.release(conn)
 

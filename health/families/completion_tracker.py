@@ -47,7 +47,7 @@ from health.probing import (
     unix_us,
     without_newest,
 )
-from pgconnect import DB_ERRORS
+from pgconnect import DB_ERRORS, is_open
 
 MAX_REMEMBERED = 10_000
 """Over this many missing jobs the family is far out of bounds: fall back to the full check."""
@@ -187,7 +187,7 @@ async def _generic_plan_transaction(conn: asyncpg.Connection) -> AsyncIterator[N
         yield
         await conn.execute("COMMIT")
     except BaseException:  # a failure or a cancellation: leave no transaction behind
-        if not conn.is_closed() and conn.is_in_transaction():
+        if is_open(conn) and conn.is_in_transaction():
             with contextlib.suppress(*DB_ERRORS):  # a broken connection ends it anyway
                 await conn.execute("ROLLBACK")
         raise
