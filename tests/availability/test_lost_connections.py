@@ -34,7 +34,7 @@ async def _terminate_the_pools_backends(db: asyncpg.Connection) -> None:
 
 
 async def _none_left(db: asyncpg.Connection) -> bool:
-    return not await db.fetch(BACKENDS)
+    return not await _any(db, BACKENDS)
 
 
 async def _pool(database_url: str) -> asyncpg.Pool:
@@ -105,8 +105,8 @@ async def test_the_completion_probe_on_a_connection_the_server_ended_fails_with_
     db: asyncpg.Connection, database_url: str
 ) -> None:
     """Behind a transaction pooler the completion tracker opens a transaction of its own
-    and, when it fails, ends it unless the connection is gone: asking must not hide why (a probe failure that
-    says the connection failed, as the sidecar reports it)."""
+    and, when it fails, ends it unless the connection is gone: asking must not hide why
+    (a probe failure that says the connection failed, as the sidecar reports it)."""
     pool = await _pool(database_url)
     watcher = await asyncpg.connect(database_url)  # sees pg_stat_activity change; db's
     # transaction holding the lock would keep reading the snapshot it took first
