@@ -52,13 +52,17 @@ _PAGE_POLICY = (
 )
 # The sidecar's sessions: read-only, every probe on its index whatever the statistics say,
 # each statement with parameters on its cached generic plan, no JIT, no parallel workers
-# (docs/health.md, "How the completion check scales", says why each). Behind a transaction
-# pooler only application_name reaches the server, and the sidecar's role is read-only by
-# its grants.
+# (docs/health.md, "How the completion check scales", says why each). No bitmap scans and
+# no sorts: the pending outbox rows are then read in write-time order by a plain index
+# scan, which marks the entries of rows the relay deleted as dead, so the next probe steps
+# over them (docs/health.md, "What the probes read"). Behind a transaction pooler only
+# application_name reaches the server, and the sidecar's role is read-only by its grants.
 SIDECAR_SESSION_SETTINGS = {
     "application_name": "outbox-relay-health",
     "default_transaction_read_only": "on",
+    "enable_bitmapscan": "off",
     "enable_seqscan": "off",
+    "enable_sort": "off",
     "jit": "off",
     "max_parallel_workers_per_gather": "0",
     "plan_cache_mode": "force_generic_plan",

@@ -12,6 +12,11 @@ from health.rules import Verdict, age_over, count_over, timestamp_problems, verd
 
 # Pending means not quarantined; each side reads its partial index (migration 0001).
 # The newest pending time only guards against times in the future (see without_newest).
+# The pending rows are read in write-time order: with sorts ruled out in the sidecar's
+# sessions the one plan for that is a plain scan of outbox_pending_created_idx, whatever
+# the minute's statistics say. It marks the entries of the rows the relay deleted since as
+# dead (no insert touches those pages), so each deleted row costs one probe, not every
+# probe until vacuum; a bitmap scan marks nothing (docs/health.md, "What the probes read").
 OUTBOX_PROBE = (
     CLOCK
     + f"""
@@ -29,8 +34,12 @@ CROSS JOIN LATERAL (
            {unix_ms("max(created_at)")}
                AS newest_pending_created_at_unix_ms,
            count(*) FILTER (WHERE last_error_class IS NOT NULL) AS retrying_count
-    FROM outbox
-    WHERE quarantined_at IS NULL
+    FROM (
+        SELECT created_at, last_error_class
+        FROM outbox
+        WHERE quarantined_at IS NULL
+        ORDER BY created_at
+    ) AS pending_row
 ) AS pending
 CROSS JOIN LATERAL (
     SELECT count(*) AS quarantined_count FROM outbox WHERE quarantined_at IS NOT NULL

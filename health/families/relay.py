@@ -21,6 +21,75 @@ from health.rules import (
 STARTING = "starting"
 """The relay family's reason before the in-process relay had its first chance to claim lanes."""
 
+
+def _first_ready_row(order: str) -> str:
+    """SQL: the write time of the first ready row (pending, due, and not held back by an
+    earlier held row of its key) in write-time ``order`` (ASC: the oldest, DESC: the newest).
+
+    Sorts are ruled out in the sidecar's sessions, so the one plan reads
+    outbox_pending_created_idx from that end and stops at the first ready row: a backlog's
+    rows are not each tested for held rows on every evaluation, and the entries of rows the
+    relay deleted are marked dead as the scan steps over them (health/families/outbox.py).
+    """
+    return f"""
+    SELECT {unix_ms("event.created_at")}
+    FROM outbox AS event
+    -- The topic template of the instance that holds the event's lane (relay_instance,
+    -- written by each relay's heartbeat); none for a lane nobody holds, or an instance
+    -- of a version that did not write it.
+    LEFT JOIN relay_lane AS lane ON lane.lane = event.lane
+    LEFT JOIN relay_instance AS owner ON owner.instance_id = lane.owner_id
+    WHERE event.quarantined_at IS NULL
+      AND (event.next_attempt_at IS NULL OR event.next_attempt_at <= clock.now)
+      -- The relay's own rule (relay/sql.py FETCH_READY, _HELD_ON): a row behind an
+      -- earlier row of its key that is quarantined or backing off and holds the key on
+      -- the row's topic (the topic recorded with the failure; '*': every topic) is held,
+      -- not ready. A quarantine is the outbox family's signal; counting the rows it holds
+      -- here would call the relay stalled for doing exactly what it should. Probes of
+      -- outbox_held_topic_idx, one per question and row; under an owner without a
+      -- template (an older relay, or none), every held row holds its key everywhere, as
+      -- such a relay does. The seqs are compared by function, so that the unique index
+      -- on seq cannot serve a probe: below the row it holds an entry for every row the
+      -- relay deleted since the last vacuum, and small statistics made it look as cheap.
+      AND NOT EXISTS (
+          SELECT 1 FROM outbox AS held
+          WHERE hashtextextended(held.aggregateid, 0::bigint)
+                    = hashtextextended(event.aggregateid, 0::bigint)
+            AND held.held_topic = coalesce(
+                    event.topic,
+                    replace(owner.topic_template, '{{aggregatetype}}', event.aggregatetype))
+            AND int8lt(held.seq, event.seq)
+            AND (held.quarantined_at IS NOT NULL OR held.next_attempt_at IS NOT NULL)
+            AND texteq(held.aggregateid, event.aggregateid)
+          OFFSET 0
+      )
+      AND NOT EXISTS (
+          SELECT 1 FROM outbox AS held
+          WHERE hashtextextended(held.aggregateid, 0::bigint)
+                    = hashtextextended(event.aggregateid, 0::bigint)
+            AND held.held_topic = '*'
+            AND int8lt(held.seq, event.seq)
+            AND (held.quarantined_at IS NOT NULL OR held.next_attempt_at IS NOT NULL)
+            AND texteq(held.aggregateid, event.aggregateid)
+          OFFSET 0
+      )
+      AND NOT (
+          owner.topic_template IS NULL
+          AND EXISTS (
+              SELECT 1 FROM outbox AS held
+              WHERE hashtextextended(held.aggregateid, 0::bigint)
+                        = hashtextextended(event.aggregateid, 0::bigint)
+                AND int8lt(held.seq, event.seq)
+                AND (held.quarantined_at IS NOT NULL OR held.next_attempt_at IS NOT NULL)
+                AND texteq(held.aggregateid, event.aggregateid)
+              OFFSET 0
+          )
+      )
+    ORDER BY event.created_at {order}
+    LIMIT 1
+"""
+
+
 # $1 = max_heartbeat_age_ms (what counts as a live instance). Lock holders: pid and
 # transaction start only; the query text of other sessions is never read.
 RELAY_PROBE = (
@@ -58,60 +127,8 @@ CROSS JOIN LATERAL (
     FROM relay_lane
 ) AS lanes
 CROSS JOIN LATERAL (
-    SELECT {unix_ms("min(event.created_at)")}
-               AS oldest_ready_created_at_unix_ms,
-           {unix_ms("max(event.created_at)")}
-               AS newest_ready_created_at_unix_ms
-    FROM outbox AS event
-    -- The topic template of the instance that holds the event's lane (relay_instance,
-    -- written by each relay's heartbeat); none for a lane nobody holds, or an instance
-    -- of a version that did not write it.
-    LEFT JOIN relay_lane AS lane ON lane.lane = event.lane
-    LEFT JOIN relay_instance AS owner ON owner.instance_id = lane.owner_id
-    WHERE event.quarantined_at IS NULL
-      AND (event.next_attempt_at IS NULL OR event.next_attempt_at <= clock.now)
-      -- The relay's own rule (relay/sql.py FETCH_READY, _HELD_ON): a row behind an
-      -- earlier row of its key that is quarantined or backing off and holds the key on
-      -- the row's topic (the topic recorded with the failure; '*': every topic) is held,
-      -- not ready. A quarantine is the outbox family's signal; counting the rows it holds
-      -- here would call the relay stalled for doing exactly what it should. Probes of
-      -- outbox_held_topic_idx, one per question and row; under an owner without a
-      -- template (an older relay, or none), every held row holds its key everywhere, as
-      -- such a relay does.
-      AND NOT EXISTS (
-          SELECT 1 FROM outbox AS held
-          WHERE hashtextextended(held.aggregateid, 0::bigint)
-                    = hashtextextended(event.aggregateid, 0::bigint)
-            AND held.held_topic = coalesce(
-                    event.topic,
-                    replace(owner.topic_template, '{{aggregatetype}}', event.aggregatetype))
-            AND held.seq < event.seq
-            AND (held.quarantined_at IS NOT NULL OR held.next_attempt_at IS NOT NULL)
-            AND texteq(held.aggregateid, event.aggregateid)
-          OFFSET 0
-      )
-      AND NOT EXISTS (
-          SELECT 1 FROM outbox AS held
-          WHERE hashtextextended(held.aggregateid, 0::bigint)
-                    = hashtextextended(event.aggregateid, 0::bigint)
-            AND held.held_topic = '*'
-            AND held.seq < event.seq
-            AND (held.quarantined_at IS NOT NULL OR held.next_attempt_at IS NOT NULL)
-            AND texteq(held.aggregateid, event.aggregateid)
-          OFFSET 0
-      )
-      AND NOT (
-          owner.topic_template IS NULL
-          AND EXISTS (
-              SELECT 1 FROM outbox AS held
-              WHERE hashtextextended(held.aggregateid, 0::bigint)
-                        = hashtextextended(event.aggregateid, 0::bigint)
-                AND held.seq < event.seq
-                AND (held.quarantined_at IS NOT NULL OR held.next_attempt_at IS NOT NULL)
-                AND texteq(held.aggregateid, event.aggregateid)
-              OFFSET 0
-          )
-      )
+    SELECT ({_first_ready_row("ASC")}) AS oldest_ready_created_at_unix_ms,
+           ({_first_ready_row("DESC")}) AS newest_ready_created_at_unix_ms
 ) AS ready
 CROSS JOIN LATERAL (
     SELECT pg_catalog.count(DISTINCT activity.pid) AS blocking_transaction_count,
