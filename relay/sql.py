@@ -464,14 +464,22 @@ ORDER BY a.xact_start
 LIMIT 1
 """
 
+# Receipts past their retention ($1 ms), oldest first, at most $2 of them. The batch is
+# picked from outbox_receipt_published_idx up to the bound, an index condition (the
+# statement's start is stable within it; a bound on clock_timestamp() was a filter, and
+# once fewer than a batch were old enough the pick read every receipt of the window), and
+# deleted at the row addresses the pick read, a heap visit each (joining it on id read the
+# whole primary key). A receipt updated meanwhile (its event published again) has moved,
+# so this round leaves it; a later one deletes it if it is still old enough.
 PRUNE_RECEIPTS = """
 DELETE FROM outbox_receipt
-WHERE id IN (
-    SELECT id FROM outbox_receipt
-    WHERE published_at < clock_timestamp() - $1::bigint::double precision * interval '1 millisecond'
+WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM outbox_receipt
+    WHERE published_at
+          < statement_timestamp() - $1::bigint::double precision * interval '1 millisecond'
     ORDER BY published_at
     LIMIT $2
-)
+))
 """
 
 LISTEN_CHANNEL = "outbox_relay"

@@ -339,3 +339,36 @@ async def _gone(
     """True once one of ``pids`` (``every``: each of them) no longer runs."""
     ended = pids - {r["pid"] for r in await db.fetch(backends)}
     return ended == pids if every else bool(ended)
+
+
+async def test_a_prune_round_reads_what_it_deletes_and_stops_at_the_retention_bound(
+    db: asyncpg.Connection, database_url: str
+) -> None:
+    """After a catch-up the receipts table holds the burst's receipts, inside their
+    retention, beside the few older ones each prune round deletes. The round read the
+    whole primary key to join the batch it picked (about 72,000 blocks and 50–70 ms a
+    round for 124,000 receipts), and picked it by a bound on a volatile clock, which no
+    index can take: once fewer than a batch were old enough it read every receipt of the
+    window too. A round now costs what it deletes."""
+    await db.execute(
+        """INSERT INTO outbox_receipt (id, aggregatetype, aggregateid, type, topic,
+               kafka_partition, kafka_offset, created_at, published_at)
+           SELECT gen_random_uuid(), 'order', 'k' || g, 'created', 'outbox.order', 0, g,
+                  now(), now() - CASE WHEN g <= 5000 THEN interval '2 hours' ELSE '0' END
+           FROM generate_series(1, 65000) AS g"""
+    )
+    await db.execute("VACUUM ANALYZE outbox_receipt")
+    conn = await asyncpg.connect(database_url, server_settings=RELAY_SESSION_SETTINGS)
+    try:
+        explain = await conn.prepare(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.PRUNE_RECEIPTS
+        )
+        blocks = []
+        for _ in range(2):  # a full batch of old receipts, then none old enough
+            (plan,) = json.loads(await explain.fetchval(3_600_000, 5_000))
+            blocks.append(plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"])
+    finally:
+        await conn.close()
+    assert await db.fetchval("SELECT count(*) FROM outbox_receipt") == 60_000
+    assert blocks[0] < 3 * 5_000, blocks  # a heap visit or two per receipt deleted
+    assert blocks[1] < 100, blocks
