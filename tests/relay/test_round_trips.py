@@ -346,7 +346,7 @@ async def test_a_prune_round_reads_what_it_deletes_and_stops_at_the_retention_bo
 ) -> None:
     """After a catch-up the receipts table holds the burst's receipts, inside their
     retention, beside the few older ones each prune round deletes. The round read the
-    whole primary key to join the batch it picked (about 72,000 blocks and 50–70 ms a
+    whole primary key to join the batch it picked (about 72,000 blocks and 50 to 70 ms a
     round for 124,000 receipts), and picked it by a bound on a volatile clock, which no
     index can take: once fewer than a batch were old enough it read every receipt of the
     window too. A round now costs what it deletes."""
