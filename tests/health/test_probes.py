@@ -25,7 +25,7 @@ from health.families.scoring_jobs import (
 )
 from migrations.runner import apply, load_migrations
 from tests.support.health_rows import db_now, insert_event, insert_job, insert_receipt
-from tests.support.plans import plan_nodes
+from tests.support.plans import blocks_read, plan_nodes
 from tests.support.policies import RECEIPT_RETENTION_MS, loose_policy, relay_policy
 
 W, S, U = Classification.WITHIN_BOUNDS, Classification.STALLED, Classification.UNKNOWN
@@ -300,15 +300,11 @@ async def _plan(db: asyncpg.Connection, query: str, args: tuple[object, ...]) ->
     return plan
 
 
-def _buffers(plan: dict[str, Any]) -> int:
-    return int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0))
-
-
 async def test_plans_use_partial_indexes_and_cost_ignores_terminal_history(
     db: asyncpg.Connection,
 ) -> None:
     await db.execute("ANALYZE")
-    empty = {name: _buffers(await _plan(db, q, a)) for name, q, a in _PROBES}
+    empty = {name: blocks_read(await _plan(db, q, a)) for name, q, a in _PROBES}
     await _add_terminal_history(db, 20_000)
     for name, query, args in _PROBES:
         plan = await _plan(db, query, args)
@@ -329,7 +325,7 @@ async def test_plans_use_partial_indexes_and_cost_ignores_terminal_history(
         if name == "completion_outbox":
             assert "scoring_job_state_terminal_updated_idx" in indexes
         # §10: a full evaluation costs at most twice as much with a terminal history.
-        assert _buffers(plan) <= 2 * empty[name] + 4, (name, empty[name], _buffers(plan))
+        assert blocks_read(plan) <= 2 * empty[name] + 4, (name, empty[name], blocks_read(plan))
 
 
 # --- outbox ---------------------------------------------------------------------------

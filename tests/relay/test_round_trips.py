@@ -28,7 +28,7 @@ from relay import sql
 from relay.config import DEFAULT_TOPIC_TEMPLATE
 from relay.outcome import PublishedGroup
 from relay.store import RELAY_SESSION_SETTINGS, RelayStore, create_relay_pool
-from tests.support.plans import plan_nodes
+from tests.support.plans import blocks_read, plan_nodes
 from tests.support.waiting import wait_until
 
 INSTANCE = "round-trip-test"
@@ -366,7 +366,7 @@ async def test_a_prune_round_reads_what_it_deletes_and_stops_at_the_retention_bo
         blocks = []
         for _ in range(2):  # a full batch of old receipts, then none old enough
             (plan,) = json.loads(await explain.fetchval(3_600_000, 5_000))
-            blocks.append(plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"])
+            blocks.append(blocks_read(plan["Plan"]))
     finally:
         await conn.close()
     assert await db.fetchval("SELECT count(*) FROM outbox_receipt") == 60_000
