@@ -141,8 +141,8 @@ async def explain_fetch(url: str, namespace: str) -> dict[str, Any]:
                 - 1,
             )
             await conn.execute(
-                "PREPARE relay_fetch(smallint[], bigint, int, text, bigint, int, int) AS "
-                + FETCH_READY
+                "PREPARE relay_fetch(smallint[], bigint, int, text, bigint, int, int, "
+                "text) AS " + FETCH_READY
             )
             template = await conn.fetchval(
                 "SELECT quote_literal($1::text)", f"{namespace}.{{aggregatetype}}"
@@ -159,7 +159,7 @@ async def explain_fetch(url: str, namespace: str) -> dict[str, Any]:
                     rows = await conn.fetch(
                         "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE relay_fetch("
                         f"NULL, {int(after)}, 1000, {template}, {int(start)}, "
-                        f"{int(MAX_FETCHED_ROW_BYTES)}, {int(FETCH_MAX_BYTES)})"
+                        f"{int(MAX_FETCHED_ROW_BYTES)}, {int(FETCH_MAX_BYTES)}, '{{}}')"
                     )
                     plan = json.loads(rows[0][0])[0]
                     plans[f"{mode.removeprefix('force_').removesuffix('_plan')}, {look_back}"] = (

@@ -796,16 +796,23 @@ class Relay:
         # No row joins the window meanwhile that this fetch could read: rows are admitted
         # from earlier fetches, whose rows lie below its start.
         left_out, mark = self._passes.open_fetch(plan)
+        met = self._passes.met_in_flight(plan, left_out)
         started_at = time.monotonic()
         try:
             rows = await self._store.fetch_ready(
-                plan.lanes, plan.start, plan.limit, check_below=plan.check_below
+                plan.lanes, plan.start, plan.limit, check_below=plan.check_below, in_flight=met
             )
         except BaseException:
             mark.close()
             raise
         return self._passes.fetched(
-            plan, rows, mark=mark, left_out=left_out, bound=bound, started_at=started_at
+            plan,
+            rows,
+            mark=mark,
+            left_out=left_out,
+            bound=bound,
+            started_at=started_at,
+            met=frozenset(met),
         )
 
     async def _refresh_bound(self) -> None:

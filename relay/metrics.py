@@ -197,7 +197,7 @@ class RelayMetrics:
             fetched_bytes=Counter(
                 "outbox_relay_fetched_bytes",
                 "Bytes of outbox rows fetched whole (their text columns as stored); a row too "
-                "large to publish is not fetched whole.",
+                "large to publish, or one in flight that a pass meets again, is not fetched whole.",
                 registry=registry,
             ),
             full_passes=Counter(

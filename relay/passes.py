@@ -426,6 +426,18 @@ class Passes:
             return self._window.seqs()
         return frozenset()
 
+    def met_in_flight(self, plan: FetchPlan, left_out: frozenset[int]) -> list[int]:
+        """The rows of ``left_out`` the fetch may read, in seq order: its statement brings
+        them without their content (relay/sql.py, FETCH_READY's $8), so a pass that meets
+        rows whose batches wait on the broker does not transfer them again. Those above its
+        start (none lies above the highest seq read so far), and of them the first
+        ``limit``: a fetch reads at most that many rows, so one further up is met only
+        when rows below it were recorded meanwhile (it then comes whole, and is left out
+        all the same)."""
+        if not left_out or plan.start >= self._read_up_to:
+            return []
+        return sorted(seq for seq in left_out if seq > plan.start)[: plan.limit]
+
     def fetched(
         self,
         plan: FetchPlan,
@@ -435,13 +447,18 @@ class Passes:
         left_out: frozenset[int],
         bound: int | None = None,
         started_at: float = 0.0,
+        met: frozenset[int] = frozenset(),
     ) -> Fetched:
         """What the statement of ``plan`` returned: at most its limit, in seq order, and
-        the rows that fit the byte budget (plus the one that crossed it)."""
+        the rows that fit the byte budget (plus the one that crossed it); those ``met``
+        (:meth:`met_in_flight`) came without their content."""
         if rows:
             self._read_up_to = max(self._read_up_to, rows[-1].seq)
             self._read.note(rows)
-        transferred = sum(map(fetched_bytes, rows))
+        if met:
+            transferred = sum(fetched_bytes(r, in_flight=r.seq in met) for r in rows)
+        else:
+            transferred = sum(map(fetched_bytes, rows))
         cut_by_bytes = transferred >= self._fetch_max_bytes
         return Fetched(
             plan,

@@ -286,11 +286,12 @@ class RecordMapper:
         return record
 
 
-def fetched_bytes(row: OutboxRow) -> int:
+def fetched_bytes(row: OutboxRow, *, in_flight: bool = False) -> int:
     """What the row cost its fetch's byte budget (relay/sql.py, FETCH_READY): its measured
-    size when it came whole, else its id, key, type and routing as they came."""
+    size when it came whole, else (too large, not measured, or ``in_flight``: named in the
+    fetch's $8) its id, key, type and routing as they came."""
     size = row.size
-    if size is not None and size <= MAX_FETCHED_ROW_BYTES:
+    if not in_flight and size is not None and size <= MAX_FETCHED_ROW_BYTES:
         return size
     return (
         36

@@ -102,16 +102,26 @@ WHERE o.quarantined_at IS NULL
 #
 # Parameters: $1 lanes, $2 the seq to read after, $3 at most this many rows, $4 the topic
 # template, $5 for a cursor fetch its start (0 otherwise: see "earlier"), $6 the largest
-# row the relay takes whole (bytes), $7 the fetch's byte budget.
+# row the relay takes whole (bytes), $7 the fetch's byte budget, $8 the seqs of the rows in
+# flight that the fetch may meet again: an int8multirange as text ('{}' for a fetch from
+# above them), read once per statement (the InitPlan of _IN_FLIGHT), tested by binary
+# search per row. Text, not the type itself: the driver would look the type up with a
+# query of its own on the session's path (tests/security/test_exact_calls.py).
 #
 # A cheap read: what the row costs was measured when it was inserted (size_bytes,
 # migration 0009), and where a held row holds its key was recorded with its failure
 # (held_topic), so each row costs one probe of outbox_held_topic_idx and nothing is printed
 # for a row that is not sent. Bounded in bytes, not only rows: rows are returned while the
-# bytes before them stay under $7, every byte returned counted (a row over $6, or one
-# stored before the door and not measured yet, comes without its payload, headers and
-# references: its cost is what it does bring), so one fetch transfers at most $7 plus one
-# row.
+# bytes before them stay under $7, every byte returned counted (a row over $6, one stored
+# before the door and not measured yet, or one in flight ($8), which the relay leaves out,
+# comes without its payload, headers and references: its cost is what it does bring), so
+# one fetch transfers at most $7 plus one row, and a pass that meets the rows in flight
+# while their batches wait on the broker transfers none of them again.
+# Named once in the statement: each naming is an InitPlan of its own, which parses $8 again.
+_IN_FLIGHT = "o.seq OPERATOR(pg_catalog.<@) (SELECT CAST($8::text AS pg_catalog.int8multirange))"
+# What a row costs the fetch's byte budget, named twice one level above its columns: its
+# size when it comes whole, else what its stand-ins bring (computed only then).
+_COST = f"CASE WHEN c.fits THEN c.size ELSE {_stand_in_bytes('c')} END"
 FETCH_READY = f"""
 SELECT r.seq AS seq,
        r.id::text AS id,
@@ -136,8 +146,9 @@ SELECT r.seq AS seq,
        r.duplicate AS duplicate
 FROM (
     SELECT c.*,
+           {_COST} AS cost,
            -- seq is unique: ROWS, which looks for no peers, sums what RANGE would
-           sum(c.cost) OVER (ORDER BY c.seq ROWS UNBOUNDED PRECEDING) AS fetched_bytes
+           sum({_COST}) OVER (ORDER BY c.seq ROWS UNBOUNDED PRECEDING) AS fetched_bytes
     FROM (
         SELECT o.seq, o.id, o.aggregatetype, o.aggregateid, o.type, o.payload, o.tenant_ref,
                o.schema_version, o.correlation_ref, o.causation_ref, o.traceparent,
@@ -155,9 +166,8 @@ FROM (
                o.next_attempt_at IS NOT NULL AS holds_key,
                -- NULL: stored before the door and not measured yet
                o.size_bytes AS size,
-               coalesce(o.size_bytes <= $6, false) AS fits,
-               CASE WHEN o.size_bytes <= $6 THEN o.size_bytes
-                    ELSE {_stand_in_bytes("o")} END AS cost,
+               -- taken whole (its cost its size), else its stand-ins (_COST)
+               coalesce(o.size_bytes <= $6, false) AND NOT {_IN_FLIGHT} AS fits,
                -- For a cursor fetch: the last earlier row of the key at or below the
                -- fetch's start that is still waiting (neither held, which holds the key
                -- through the NOT EXISTS below, nor quarantined). The fetch did not read

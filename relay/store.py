@@ -224,6 +224,18 @@ def _status_count(status: str) -> int:
     return int(status.rsplit(" ", 1)[-1])
 
 
+def seq_ranges(seqs: Sequence[int]) -> str:
+    """Seqs in order as an int8multirange's text (FETCH_READY's $8): each run of
+    consecutive seqs one half-open range, so a pass over rows sent in order names few."""
+    ranges: list[list[int]] = []
+    for seq in seqs:
+        if ranges and ranges[-1][1] == seq:
+            ranges[-1][1] = seq + 1
+        else:
+            ranges.append([seq, seq + 1])
+    return "{" + ",".join(f"[{lower},{upper})" for lower, upper in ranges) + "}"
+
+
 class OutboxStore(Protocol):
     """What the relay reads and writes in the database (:class:`RelayStore` over a pool).
 
@@ -232,7 +244,13 @@ class OutboxStore(Protocol):
     """
 
     async def fetch_ready(
-        self, lanes: Collection[int], cursor: int, limit: int, *, check_below: int = 0
+        self,
+        lanes: Collection[int],
+        cursor: int,
+        limit: int,
+        *,
+        check_below: int = 0,
+        in_flight: Sequence[int] = (),
     ) -> list[OutboxRow]: ...
 
     async def seq_allocated(self) -> int | None: ...
@@ -375,11 +393,19 @@ class RelayStore:
         await self._connections.close()
 
     async def fetch_ready(
-        self, lanes: Collection[int], cursor: int, limit: int, *, check_below: int = 0
+        self,
+        lanes: Collection[int],
+        cursor: int,
+        limit: int,
+        *,
+        check_below: int = 0,
+        in_flight: Sequence[int] = (),
     ) -> list[OutboxRow]:
         """Ready rows of ``lanes`` after ``cursor`` in seq order: at most ``limit`` rows, and
         no more bytes than the fetch budget plus one row. ``check_below`` (a cursor fetch's
-        start, else 0) asks for each row's earliest pending row of its key at or below it."""
+        start, else 0) asks for each row's earliest pending row of its key at or below it;
+        a row whose seq is one of ``in_flight`` (in order) comes without its content, as a
+        row too large to take whole does."""
         async with self._turn() as conn:
             records = await conn.fetch(
                 sql.FETCH_READY,
@@ -390,6 +416,7 @@ class RelayStore:
                 check_below,
                 MAX_FETCHED_ROW_BYTES,
                 self._fetch_max_bytes,
+                seq_ranges(in_flight),
             )
         # The statement's columns are OutboxRow's fields, in order and by name
         # (tests/unit/test_store.py holds them so).

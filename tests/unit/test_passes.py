@@ -347,6 +347,65 @@ def test_an_earlier_row_recorded_while_the_fetch_ran_is_no_late_commit() -> None
     assert seqs(accept(passes, fetched).rows) == [3]
 
 
+def _full_pass_plan(passes: Passes) -> FetchPlan:
+    """A full pass asked for (a poll) and planned: its first fetch, from the beginning."""
+    news = News(True)
+    passes.next(0.2, sorted(LANES), news, producer_broken=False, holds_resolved=True)
+    plan = passes.plan(LANES, 0.2)
+    assert plan.start == 0
+    return plan
+
+
+def test_a_pass_names_the_rows_in_flight_it_may_meet_up_to_its_limit() -> None:
+    """What the statement brings without content: the rows in flight above the fetch's
+    start, at most as many as it reads."""
+    window = new_window(4)
+    passes = new_passes(window)
+    settle_cursor_fetches(passes)
+    for batch in ([3, 4, 6], [8, 9]):
+        accept(passes, fetch(passes, rows(*batch), now=0.1))
+        in_flight(window, rows(*batch))
+    plan = _full_pass_plan(passes)
+    assert plan.limit == 3
+    left_out, mark = passes.open_fetch(plan)
+    assert passes.met_in_flight(plan, left_out) == [3, 4, 6]
+    mark.close()
+
+
+def test_a_fetch_from_above_the_rows_in_flight_names_none() -> None:
+    window = new_window(4)
+    passes = new_passes(window)
+    settle_cursor_fetches(passes)
+    accept(passes, fetch(passes, rows(3, 4), now=0.1))
+    in_flight(window, rows(3, 4))
+    plan = passes.plan(LANES, 0.2)
+    assert plan.kind is FetchKind.CURSOR and plan.start == 4
+    left_out, mark = passes.open_fetch(plan)
+    assert left_out == frozenset({3, 4})  # left out all the same (a row's earlier one)
+    assert passes.met_in_flight(plan, left_out) == []
+    mark.close()
+
+
+def test_a_row_met_in_flight_costs_the_fetch_what_its_stand_in_brings() -> None:
+    """The statement brought it without content: the byte count is its id, key, type and
+    routing, as the statement counted it, not its stored size."""
+    window = new_window(4)
+    passes = new_passes(window)
+    settle_cursor_fetches(passes)
+    big = row(3, key="k")._replace(size=4_000)
+    accept(passes, fetch(passes, [big], now=0.1))
+    in_flight(window, [big])
+    plan = _full_pass_plan(passes)
+    left_out, mark = passes.open_fetch(plan)
+    met = frozenset(passes.met_in_flight(plan, left_out))
+    again = passes.fetched(
+        plan, [big._replace(payload=None)], mark=mark, left_out=left_out, met=met
+    )
+    assert again.rows == []
+    stand_in = 36 + len(big.aggregatetype) + len("k") + len(big.type) + len(big.topic or "")
+    assert again.transferred_bytes == stand_in
+
+
 def test_a_pass_s_fetch_does_not_ask_for_earlier_rows() -> None:
     """A pass's later fetches are kept by its bound; the statement is spared the lookup."""
     passes = new_passes()

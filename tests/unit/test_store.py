@@ -8,7 +8,7 @@ import re
 from relay import sql
 from relay.outcome import PublishedGroup
 from relay.records import OutboxRow
-from relay.store import PublishedArrays, published_arrays
+from relay.store import PublishedArrays, published_arrays, seq_ranges
 from tests.support.rows import make_row
 
 
@@ -69,3 +69,8 @@ def test_the_fetch_names_its_columns_as_the_row_s_fields_in_their_order() -> Non
     select_list = sql.FETCH_READY.split("\nFROM (", 1)[0]
     aliases = re.findall(r" AS (\w+),?$", select_list, flags=re.MULTILINE)
     assert aliases == list(OutboxRow._fields)
+
+
+def test_the_rows_in_flight_a_fetch_meets_are_named_as_runs_of_seqs() -> None:
+    assert seq_ranges([]) == "{}"
+    assert seq_ranges([3, 4, 5, 7, 9, 10]) == "{[3,6),[7,8),[9,11)}"
