@@ -36,7 +36,12 @@ from health.notify_queue import QUEUE_USAGE
 from health.sidecar import SIDECAR_SESSION_SETTINGS, HealthSidecar
 from pgconnect import connection_options
 from tests.support.health_rows import insert_event, insert_job
-from tests.support.plans import blocks_read, plan_nodes
+from tests.support.plans import (
+    OUTBOX_STATISTICS,
+    blocks_read,
+    plan_nodes,
+    stage_outbox_statistics,
+)
 from tests.support.policies import (
     RECEIPT_RETENTION_MS,
     SIDECAR_RECHECK_MS,
@@ -250,39 +255,8 @@ async def test_steady_state_evaluation_sends_only_its_statements(
     assert COMPLETION_OUTBOX_PROBE not in statements
 
 
-# The states a minute's autovacuum can leave the outbox's statistics in while the relay
-# keeps up (how, live rows): a heap of pages the relay emptied with a few live rows in it,
-# analyzed after a vacuum or with the rows the relay deleted since still in it; right after
-# a catch-up, the statistics still counting the backlog; and an empty outbox.
-_OUTBOX_STATISTICS = {
-    "one_live_row": ("vacuum", 1),
-    "a_few_live_rows": ("vacuum", 4),
-    "a_few_live_rows_among_dead_ones": ("analyze", 4),
-    "a_hundred_live_rows": ("vacuum", 100),
-    "counting_a_backlog": ("stale", 4),
-    "empty": ("vacuum", 0),
-}
 # The partial indexes of held and quarantined rows (empty when healthy).
 _HELD_ROW_INDEXES = {"outbox_held_topic_idx", "outbox_held_key_idx", "outbox_quarantined_idx"}
-
-
-async def _stage_outbox_statistics(db: asyncpg.Connection, how: str, live: int) -> None:
-    """30,000 rows of about 1 KiB on 1,000 keys, all but the newest ``live`` deleted
-    oldest first as the relay deletes what it published, and the statistics ``how``."""
-    await db.execute("ALTER TABLE outbox SET (autovacuum_enabled = false)")
-    await db.execute(
-        """INSERT INTO outbox (aggregatetype, aggregateid, type, payload)
-           SELECT 'order', 'k' || (g % 1000), 'created',
-                  jsonb_build_object('fill', repeat(md5(g::text), 30))
-           FROM generate_series(1, 30000) AS g"""
-    )
-    if how == "stale":
-        await db.execute("ANALYZE outbox")
-    await db.execute("DELETE FROM outbox WHERE seq <= (SELECT max(seq) FROM outbox) - $1", live)
-    if how == "vacuum":
-        await db.execute("VACUUM (ANALYZE) outbox")
-    elif how == "analyze":
-        await db.execute("ANALYZE outbox")
 
 
 def _outbox_scans(plan: dict[str, Any]) -> tuple[list[tuple[str, ...]], list[str]]:
@@ -309,7 +283,7 @@ _PROBES_OF_PENDING_ROWS = pytest.mark.parametrize(
 )
 
 
-@pytest.mark.parametrize("statistics", list(_OUTBOX_STATISTICS), ids=list(_OUTBOX_STATISTICS))
+@pytest.mark.parametrize("statistics", list(OUTBOX_STATISTICS), ids=list(OUTBOX_STATISTICS))
 @_PROBES_OF_PENDING_ROWS
 async def test_pending_rows_are_read_in_write_time_order_whatever_the_statistics(
     db: asyncpg.Connection,
@@ -325,7 +299,7 @@ async def test_pending_rows_are_read_in_write_time_order_whatever_the_statistics
     rows the unique index on seq (every entry below the row). One plan holds in every
     state: a plain scan of outbox_pending_created_idx, and look-ups of held rows only in
     the indexes of held rows."""
-    await _stage_outbox_statistics(db, *_OUTBOX_STATISTICS[statistics])
+    await stage_outbox_statistics(db, *OUTBOX_STATISTICS[statistics])
     (plan,) = json.loads(await sidecar_db.fetchval("EXPLAIN (FORMAT JSON) " + probe, *args))
     pending, held = _outbox_scans(plan)
     assert pending and set(pending) == {("Index Scan", "outbox_pending_created_idx")}, pending
@@ -340,7 +314,7 @@ async def test_a_probe_walks_what_the_relay_deleted_once(
     entries stay. A probe that marks the entries it finds dead steps over them the next
     time; a bitmap scan marks none, and walked every row the relay deleted since the last
     vacuum (up to a minute's worth, about 5,000 blocks here) on every evaluation."""
-    await _stage_outbox_statistics(db, *_OUTBOX_STATISTICS["a_few_live_rows_among_dead_ones"])
+    await stage_outbox_statistics(db, *OUTBOX_STATISTICS["a_few_live_rows_among_dead_ones"])
     explain = await sidecar_db.prepare("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + probe)
     blocks = []
     for _ in range(3):

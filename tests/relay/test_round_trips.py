@@ -28,7 +28,12 @@ from relay import sql
 from relay.config import DEFAULT_TOPIC_TEMPLATE
 from relay.outcome import PublishedGroup
 from relay.store import RELAY_SESSION_SETTINGS, RelayStore, create_relay_pool
-from tests.support.plans import blocks_read, plan_nodes
+from tests.support.plans import (
+    OUTBOX_STATISTICS,
+    blocks_read,
+    plan_nodes,
+    stage_outbox_statistics,
+)
 from tests.support.waiting import wait_until
 
 INSTANCE = "round-trip-test"
@@ -218,6 +223,35 @@ async def test_a_statement_is_planned_once_per_connection_not_on_every_call(
     assert not [s for s, (_, custom) in plans.items() if custom], plans
 
 
+@pytest.mark.parametrize("statistics", list(OUTBOX_STATISTICS), ids=list(OUTBOX_STATISTICS))
+async def test_a_fetch_looks_up_held_rows_only_in_their_index_whatever_the_statistics(
+    db: asyncpg.Connection, database_url: str, statistics: str
+) -> None:
+    """The relay deletes what it publishes, and a minute's ANALYZE of a heap it emptied
+    makes every index of the outbox look alike. Whether an earlier held row holds a row
+    back must stay a probe of outbox_held_topic_idx (empty while all is well): the unique
+    index on seq answers ``h.seq < o.seq`` too, by reading every entry below the row."""
+    await stage_outbox_statistics(db, *OUTBOX_STATISTICS[statistics])
+    start = int(await db.fetchval("SELECT coalesce(max(seq), 0) FROM outbox")) - 2
+    conn = await asyncpg.connect(database_url, server_settings=RELAY_SESSION_SETTINGS)
+    try:
+        explain = await conn.prepare("EXPLAIN (FORMAT JSON) " + sql.FETCH_READY)
+        for after, check_below in ((0, 0), (start, start)):  # a pass's fetch, a cursor fetch
+            (plan,) = json.loads(
+                await explain.fetchval(
+                    None, after, 1000, DEFAULT_TOPIC_TEMPLATE, check_below, 5 << 20, 8 << 20, "{}"
+                )
+            )
+            held = [
+                node.get("Index Name", node["Node Type"])
+                for node in plan_nodes(plan["Plan"])
+                if node.get("Relation Name") == "outbox" and node["Alias"] == "h"
+            ]
+            assert held and set(held) == {"outbox_held_topic_idx"}, (statistics, after, held)
+    finally:
+        await conn.close()
+
+
 def _text_of(node: dict[str, Any]) -> str:
     """What a node computes and tests, as EXPLAIN VERBOSE prints it."""
     parts = [*node.get("Output", []), node.get("Filter", ""), node.get("Index Cond", "")]
@@ -261,7 +295,9 @@ async def test_a_fetch_reads_stored_sizes_prints_only_what_it_sends_and_probes_h
                 assert probe["Node Type"] == "Index Scan", probe
                 condition = probe["Index Cond"]
                 assert "hashtextextended" in condition and "held_topic =" in condition, probe
-                assert "seq <" in condition, probe
+                # the seqs are compared by function (a filter on the key's few held rows):
+                # an operator would let the unique index on seq serve the look-up
+                assert "seq <" not in condition and "int8lt" in probe["Filter"], probe
             assert not [n for n in nodes if n.get("Index Name") == "outbox_held_key_idx"], plan
     finally:
         await conn.close()
