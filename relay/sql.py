@@ -92,6 +92,13 @@ WHERE o.quarantined_at IS NULL
   AND {_not_held("o", _TOPIC_OF.format(row="o"))}
 """
 
+# FETCH_READY's parts. Whether a row is one the relay has in flight ($8): named once in
+# the statement, since each naming is an InitPlan of its own, which parses $8 again.
+_IN_FLIGHT = "o.seq OPERATOR(pg_catalog.<@) (SELECT CAST($8::text AS pg_catalog.int8multirange))"
+# What a row costs the fetch's byte budget, named twice one level above its columns: its
+# size when it comes whole, else what its stand-ins bring (computed only then).
+_COST = f"CASE WHEN c.fits THEN c.size ELSE {_stand_in_bytes('c')} END"
+
 # Ready rows of the given lanes (NULL: every lane) after a cursor, in insert order, minus
 # every row whose key has an earlier row on its topic that failed and is not yet published:
 # a failing event holds back only its own key on its topic, until it is published or
@@ -120,11 +127,6 @@ WHERE o.quarantined_at IS NULL
 # comes without its payload, headers and references: its cost is what it does bring), so
 # one fetch transfers at most $7 plus one row, and a pass that meets the rows in flight
 # while their batches wait on the broker transfers none of them again.
-# Named once in the statement: each naming is an InitPlan of its own, which parses $8 again.
-_IN_FLIGHT = "o.seq OPERATOR(pg_catalog.<@) (SELECT CAST($8::text AS pg_catalog.int8multirange))"
-# What a row costs the fetch's byte budget, named twice one level above its columns: its
-# size when it comes whole, else what its stand-ins bring (computed only then).
-_COST = f"CASE WHEN c.fits THEN c.size ELSE {_stand_in_bytes('c')} END"
 FETCH_READY = f"""
 SELECT r.seq AS seq,
        r.id::text AS id,

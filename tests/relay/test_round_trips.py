@@ -223,6 +223,12 @@ async def test_a_statement_is_planned_once_per_connection_not_on_every_call(
     assert not [s for s, (_, custom) in plans.items() if custom], plans
 
 
+def _fetch_args(*, after: int, check_below: int) -> tuple[object, ...]:
+    """FETCH_READY's parameters for a plan: every lane, a batch of 1,000, the default
+    template, 5 MiB rows, an 8 MiB budget, nothing in flight."""
+    return (None, after, 1000, DEFAULT_TOPIC_TEMPLATE, check_below, 5 << 20, 8 << 20, "{}")
+
+
 @pytest.mark.parametrize("statistics", list(OUTBOX_STATISTICS), ids=list(OUTBOX_STATISTICS))
 async def test_a_fetch_looks_up_held_rows_only_in_their_index_whatever_the_statistics(
     db: asyncpg.Connection, database_url: str, statistics: str
@@ -238,9 +244,7 @@ async def test_a_fetch_looks_up_held_rows_only_in_their_index_whatever_the_stati
         explain = await conn.prepare("EXPLAIN (FORMAT JSON) " + sql.FETCH_READY)
         for after, check_below in ((0, 0), (start, start)):  # a pass's fetch, a cursor fetch
             (plan,) = json.loads(
-                await explain.fetchval(
-                    None, after, 1000, DEFAULT_TOPIC_TEMPLATE, check_below, 5 << 20, 8 << 20, "{}"
-                )
+                await explain.fetchval(*_fetch_args(after=after, check_below=check_below))
             )
             held = [
                 node.get("Index Name", node["Node Type"])
@@ -273,9 +277,7 @@ async def test_a_fetch_reads_stored_sizes_prints_only_what_it_sends_and_probes_h
         explain = await conn.prepare("EXPLAIN (VERBOSE, COSTS OFF, FORMAT JSON) " + sql.FETCH_READY)
         for check_below in (0, 7):
             (plan,) = json.loads(
-                await explain.fetchval(
-                    None, 0, 1000, DEFAULT_TOPIC_TEMPLATE, check_below, 5 << 20, 8 << 20, "{}"
-                )
+                await explain.fetchval(*_fetch_args(after=0, check_below=check_below))
             )
             top = plan["Plan"]
             nodes = plan_nodes(top)
