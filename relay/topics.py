@@ -249,15 +249,22 @@ class TopicCatalog:
 
     async def _metadata_for(self, topic: str, *, recheck: bool) -> BaseException | None:
         """Ask the broker until it has the topic; a missing topic becomes a negative entry
-        once the broker answered without it for a send timeout (one round for a recheck)."""
+        once the broker answered without it for a send timeout (one round for a recheck).
+
+        The window runs from the broker's first answer, not from the lookup's start: after
+        a stall as long as the window, that first answer is often the one that makes the
+        broker create the topic, which it then needs a moment for."""
         client = self._client
         try:
             client.add_topic(topic)
             window_s = 0.0 if recheck else self._config.send_timeout_ms / 1000
             started = time.monotonic()
-            answered = False
+            first_answer: float | None = None
             while True:
-                answered = bool(await client.force_metadata_update()) or answered
+                answered = bool(await client.force_metadata_update())
+                now = time.monotonic()
+                if answered and first_answer is None:
+                    first_answer = now
                 if client.cluster.partitions_for_topic(topic):
                     self._missing.pop(topic, None)
                     self._limit_due(topic, time.monotonic())
@@ -268,12 +275,13 @@ class TopicCatalog:
                 if topic in client.cluster.unauthorized_topics:
                     denied: BaseException = kafka_errors.TopicAuthorizationFailedError(topic)
                     return denied
-                if time.monotonic() - started >= window_s:
-                    if not answered:
+                if first_answer is None:
+                    if now - started >= window_s:
                         unreachable: BaseException = kafka_errors.KafkaConnectionError(
                             "no metadata from the broker"
                         )
                         return unreachable
+                elif now - first_answer >= window_s:
                     self._note_missing(topic)
                     return None
                 await asyncio.sleep(_METADATA_ROUND_S)
